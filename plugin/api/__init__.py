@@ -1,0 +1,1 @@
+"""Generated v1beta1 stubs; regenerate with scripts/gen_proto.py."""

@@ -1,0 +1,88 @@
+"""`topo-device-plugin demo`: the daemon on a simulated node, registered with a kubelet stand-in.
+
+Why: the first thing a new user runs. No GPU, no kubelet, no root: a
+temporary directory plays `/var/lib/kubelet/device-plugins`, the stand-in
+plays the kubelet's device manager, and the transcript shows what the
+kubelet would see and get.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+
+import click
+
+from ..daemon import Daemon, DaemonOptions
+from ..kubelet_standin import KubeletStandin
+from ..logging_setup import setup_logging
+from .options import Settings, common_options, make_source, pass_settings, resource_options
+
+
+async def _demo(settings: Settings, hold: float, out) -> int:
+    with tempfile.TemporaryDirectory(prefix="topo-dp-demo-") as tmp:
+        kubelet = KubeletStandin(tmp)
+        await kubelet.start()
+        out(f"kubelet stand-in listening on {kubelet.socket_path}")
+        source = make_source(settings)
+        started = time.monotonic()
+        daemon = Daemon(source, DaemonOptions(plugin_dir=tmp), resource_options(settings))
+        stop = asyncio.Event()
+        task = asyncio.create_task(daemon.run(stop, install_signals=False))
+        try:
+            started_wait = asyncio.create_task(daemon.started.wait())
+            await asyncio.wait([started_wait, task], return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                started_wait.cancel()
+                return task.result()  # raises what stopped the daemon before it served
+            names = list(daemon.servers)
+            await kubelet.wait_for(lambda: all(kubelet.devices(n) for n in names), timeout=15)
+            out(f"registered in {1000 * (time.monotonic() - started):.0f} ms: "
+                + ", ".join(f"{r.resource} (endpoint {r.endpoint})" for r in kubelet.registrations))
+            for name in names:
+                devs = kubelet.devices(name)
+                out(f"\n{name}: {len(devs)} devices from ListAndWatch")
+                for d in devs.values():
+                    numa = ",".join(map(str, d.numa)) or "none"
+                    out(f"  {d.id:<42} {d.health:<9} NUMA {numa}")
+            gpu = settings["gpu_resource_name"]
+            if gpu in names:
+                ids = list(kubelet.devices(gpu))
+                for size in (1, 2, 4):
+                    if size <= len(ids):
+                        pick = await kubelet.preferred(gpu, ids, [], size)
+                        out(f"\nGetPreferredAllocation(size={size}, all free) -> {', '.join(pick)}")
+                pick = await kubelet.preferred(gpu, ids, [], min(2, len(ids)))
+                resp = await kubelet.allocate(gpu, pick)
+                out(f"Allocate({', '.join(pick)}) -> envs {dict(resp.envs)}"
+                    + (f", devices {[d.host_path for d in resp.devices]}" if resp.devices else "")
+                    + (f", cdi {[c.name for c in resp.cdi_devices]}" if resp.cdi_devices else ""))
+            if hold:
+                out(f"\nserving for {hold:.0f} s (Ctrl-C to stop)...")
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), timeout=hold)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            stop.set()
+            code = await task
+            await kubelet.stop()
+        out(f"\ndaemon stopped (exit {code}); sockets removed")
+        return code
+
+
+@click.command()
+@common_options
+@click.option("--hold", type=float, default=0.0, show_default=True,
+              help="Keep serving this many seconds after the transcript.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
+              show_default=True)
+@pass_settings
+def demo(settings: Settings, hold: float, log_level: str) -> None:
+    """Serve a simulated node to a kubelet stand-in in a temp dir and show what the kubelet sees."""
+    if not settings["simulate"]:
+        settings.values["simulate"] = "dgx-a100"
+    setup_logging(log_level, "text")
+    code = asyncio.run(_demo(settings, hold, click.echo))
+    click.get_current_context().exit(code)

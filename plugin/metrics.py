@@ -1,0 +1,119 @@
+"""Prometheus metrics and the liveness/readiness endpoints.
+
+Why: none of the NIC plugins and few GPU plugins export anything, so
+operators cannot see registrations, kubelet restarts or allocation quality.
+`/healthz` answers while the event loop is alive (liveness probe); `/readyz`
+answers once every resource is registered with the kubelet (readiness).
+The HTTP server is prometheus-client's WSGI app in one daemon thread: it only
+reads values the asyncio loop writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+log = logging.getLogger(__name__)
+
+
+class Metrics:
+    """All metrics of one daemon, in a registry of its own (tests run several daemons)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.devices = Gauge("topo_dp_devices", "Devices advertised, by resource and health",
+                             ["resource", "health"], registry=r)
+        self.registrations = Counter("topo_dp_registrations_total", "Successful Register calls to the kubelet",
+                                     ["resource"], registry=r)
+        self.registration_failures = Counter("topo_dp_registration_failures_total",
+                                             "Failed Register calls to the kubelet", ["resource"], registry=r)
+        self.kubelet_restarts = Counter("topo_dp_kubelet_restarts_total",
+                                        "kubelet.sock re-creations seen (kubelet restarts)", registry=r)
+        self.rpcs = Counter("topo_dp_rpcs_total", "RPCs received", ["method", "resource"], registry=r)
+        self.rpc_errors = Counter("topo_dp_rpc_errors_total", "RPCs rejected", ["method", "resource", "code"],
+                                  registry=r)
+        self.preferred_seconds = Histogram(
+            "topo_dp_preferred_allocation_seconds", "Time to compute a preferred allocation", ["resource"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5), registry=r)
+        self.not_optimal = Counter("topo_dp_preferred_allocation_not_optimal_total",
+                                   "Preferred allocations returned before optimality was proven", ["resource"],
+                                   registry=r)
+        self.allocated_devices = Counter("topo_dp_allocated_devices_total", "Devices handed out by Allocate",
+                                         ["resource"], registry=r)
+        self.topology_updates = Counter("topo_dp_topology_updates_total", "Topology changes applied", registry=r)
+        self.heartbeat = time.monotonic()
+
+    def rpc(self, method: str, resource: str) -> None:
+        self.rpcs.labels(method, resource).inc()
+
+    def rpc_error(self, method: str, resource: str, code: str) -> None:
+        self.rpc_errors.labels(method, resource, code).inc()
+
+    def preferred(self, resource: str, seconds: float, optimal: bool) -> None:
+        self.preferred_seconds.labels(resource).observe(seconds)
+        if not optimal:
+            self.not_optimal.labels(resource).inc()
+
+    def allocated(self, resource: str, n: int) -> None:
+        self.allocated_devices.labels(resource).inc(n)
+
+    def set_devices(self, resource: str, healthy: int, unhealthy: int) -> None:
+        self.devices.labels(resource, "Healthy").set(healthy)
+        self.devices.labels(resource, "Unhealthy").set(unhealthy)
+
+    def beat(self) -> None:
+        self.heartbeat = time.monotonic()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        log.debug("http " + format, *args)
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class HealthServer:
+    """Serves /metrics, /healthz and /readyz on HOST:PORT in a daemon thread."""
+
+    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]],
+                 stale_after: float = 15.0):
+        host, _, port = address.rpartition(":")
+        self.metrics = metrics
+        self.ready = ready
+        self.stale_after = stale_after
+        self._metrics_app = make_wsgi_app(metrics.registry)
+        self._server = make_server(host.strip("[]") or "0.0.0.0", int(port), self._app,
+                                   server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
+
+    def _app(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            age = time.monotonic() - self.metrics.heartbeat
+            ok = age < self.stale_after
+            body = f"ok\n" if ok else f"event loop stalled for {age:.1f}s\n"
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [body.encode()]
+        if path == "/readyz":
+            ok, why = self.ready()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [(why + "\n").encode()]
+        return self._metrics_app(environ, start_response)
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("metrics and health endpoints listening", extra={"port": self.port})
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,104 @@
+"""How `discover` shows a node: device tables, the link matrix, JSON/YAML, Graphviz.
+
+Why a module of its own: the same views serve `discover`, `demo` and the docs,
+and they are pure functions of the topology and resources (easy to test).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from allocator.topology import DeviceKind, NodeTopology
+
+from .resources import Resource
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join("{:<%d}" % w for w in widths)
+    return [fmt.format(*header).rstrip()] + [fmt.format(*map(str, r)).rstrip() for r in rows]
+
+
+def link_matrix(topology: NodeTopology) -> list[str]:
+    """The `nvidia-smi topo -m` style matrix over every device, with a NUMA column."""
+    names = [d.name for d in topology.devices]
+    rows = []
+    for d in topology.devices:
+        cells = ["X" if o == d.name else topology.link(d.name, o).label for o in names]
+        rows.append([d.name, *cells, "N/A" if d.numa is None else str(d.numa)])
+    return _table(rows, ["", *names, "NUMA Affinity"])
+
+
+def _numa(n: int | None) -> str:
+    return "-" if n is None else str(n)
+
+
+def render_table(topology: NodeTopology, resources: list[Resource], description: str) -> str:
+    out = [f"Node {topology.source} ({description}): {len(topology.gpus)} GPUs, {len(topology.nics)} NICs, "
+           f"NUMA nodes {', '.join(map(str, topology.numa_nodes)) or 'unknown'}", ""]
+    for r in resources:
+        out.append(f"Resource {r.name}  policy={r.policy}  socket={r.socket_name}  devices={len(r.devices)}")
+        if r.kind is DeviceKind.GPU:
+            rows = [[d.id, d.device.name, _numa(d.numa), d.health, d.device.model or "-",
+                     d.device.pci_bus_id or "-"] for d in r.devices]
+            out += ["  " + line for line in _table(rows, ["ID", "DEVICE", "NUMA", "HEALTH", "MODEL", "PCI"])]
+        else:
+            rows = [[d.id, d.device.name, _numa(d.numa), d.health, d.device.port or "-",
+                     d.device.attributes.get("netdev", "-"), d.device.attributes.get("driver", "-")]
+                    for d in r.devices]
+            out += ["  " + line for line in _table(rows, ["ID", "DEVICE", "NUMA", "HEALTH", "PORT", "NETDEV",
+                                                          "DRIVER"])]
+        out.append("")
+    unserved = [d.name for d in topology.devices
+                if not any(rd.device.name == d.name for r in resources for rd in r.devices)]
+    if unserved:
+        out += [f"Not served (no pool selects them): {', '.join(unserved)}", ""]
+    out.append("Links (X = self, NV# = bonded NVLinks, PIX/PXB/PHB/NODE/SYS = PCIe path):")
+    out += link_matrix(topology)
+    return "\n".join(out) + "\n"
+
+
+def to_data(topology: NodeTopology, resources: list[Resource]) -> dict[str, Any]:
+    return {
+        "node": topology.source,
+        "numaNodes": list(topology.numa_nodes),
+        "devices": [
+            {"name": d.name, "kind": d.kind.value, "index": d.index, "numa": d.numa, "health": d.health,
+             "uuid": d.uuid, "pciBusId": d.pci_bus_id, "model": d.model, "port": d.port,
+             "attributes": dict(d.attributes)}
+            for d in topology.devices
+        ],
+        "resources": [
+            {"name": r.name, "policy": r.policy, "socket": r.socket_name,
+             "devices": [{"id": d.id, "device": d.device.name, "numa": d.numa, "health": d.health}
+                         for d in r.devices]}
+            for r in resources
+        ],
+        "links": [{"a": a, "b": b, "link": link.label, "weight": link.weight}
+                  for (a, b), link in sorted(topology.links.items())],
+    }
+
+
+def render_dot(topology: NodeTopology) -> str:
+    """Graphviz: one cluster per NUMA node, NVLink edges bold, PCIe edges only when closer than NODE."""
+    lines = ["graph topology {", '  graph [rankdir=LR, fontname="Helvetica"];', '  node [fontname="Helvetica"];']
+    groups: dict[int | None, list[str]] = {}
+    for d in topology.devices:
+        groups.setdefault(d.numa, []).append(d.name)
+    for numa, names in groups.items():
+        indent = "  "
+        if numa is not None:
+            lines.append(f'  subgraph "cluster_numa{numa}" {{ label="NUMA {numa}";')
+            indent = "    "
+        for n in names:
+            shape = "box" if topology.device(n).kind is DeviceKind.GPU else "ellipse"
+            lines.append(f'{indent}"{n}" [shape={shape}];')
+        if numa is not None:
+            lines.append("  }")
+    for (a, b), link in sorted(topology.links.items()):
+        if link.nvlinks:
+            lines.append(f'  "{a}" -- "{b}" [label="{link.label}", penwidth={min(1 + link.nvlinks / 3, 6):.1f}];')
+        elif link.level.name in ("PIX", "PXB", "PHB"):
+            lines.append(f'  "{a}" -- "{b}" [label="{link.label}", style=dashed];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"

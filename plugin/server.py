@@ -1,0 +1,275 @@
+"""One DevicePlugin gRPC server (grpc.aio) for one extended resource.
+
+Why one socket per resource: the kubelet's device manager keys an endpoint by
+resource name and socket; this is what every production plugin does. The
+server knows nothing of discovery or scoring: it publishes the `Resource` it
+is given and asks the resource's policy for preferred allocations.
+
+Every bad request gets INVALID_ARGUMENT naming the problem, and the server
+keeps serving: a request can never take the daemon down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import grpc
+
+from allocator import AllocationError, AllocationRequest, Policy
+
+from .allocate_response import ContainerAllocation
+from .api import api_pb2, api_pb2_grpc
+from .metrics import Metrics
+from .registration import SocketIdentity, socket_identity
+from .resources import Resource
+
+log = logging.getLogger(__name__)
+
+PolicyFactory = Callable[[str, dict], Policy]
+
+
+def device_message(resource: Resource) -> api_pb2.ListAndWatchResponse:
+    """The full device list; TopologyInfo only where the NUMA node is known (never ID -1)."""
+    out = api_pb2.ListAndWatchResponse()
+    for d in resource.devices:
+        dev = out.devices.add(ID=d.id, health=d.health)
+        if d.numa is not None:
+            dev.topology.nodes.add(ID=d.numa)
+    return out
+
+
+def to_proto(a: ContainerAllocation) -> api_pb2.ContainerAllocateResponse:
+    resp = api_pb2.ContainerAllocateResponse()
+    resp.envs.update(a.envs)
+    resp.annotations.update(a.annotations)
+    for m in a.mounts:
+        resp.mounts.add(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+    for d in a.devices:
+        resp.devices.add(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+    for name in a.cdi_devices:
+        resp.cdi_devices.add(name=name)
+    return resp
+
+
+def _duplicates(ids: Sequence[str]) -> list[str]:
+    seen: set[str] = set()
+    dup: list[str] = []
+    for i in ids:
+        if i in seen and i not in dup:
+            dup.append(i)
+        seen.add(i)
+    return dup
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
+    """The RPC handlers. Holds the current `Resource`; `update()` swaps it atomically."""
+
+    def __init__(self, resource: Resource, policy_factory: PolicyFactory, metrics: Metrics):
+        self._resource = resource
+        self._policy_factory = policy_factory
+        self._policy = policy_factory(resource.policy, dict(resource.policy_options))
+        self._metrics = metrics
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._closing = False
+        self._send_empty_on_close = False
+        self.active_streams = 0
+
+    @property
+    def resource(self) -> Resource:
+        return self._resource
+
+    async def update(self, resource: Resource) -> None:
+        """Publish a new device list; open streams get it at once (only if it differs)."""
+        changed = resource.listing() != self._resource.listing()
+        if resource.policy != self._resource.policy or resource.policy_options != self._resource.policy_options:
+            self._policy = self._policy_factory(resource.policy, dict(resource.policy_options))
+        self._resource = resource
+        if changed:
+            async with self._changed:
+                self._version += 1
+                self._changed.notify_all()
+
+    async def close_streams(self, send_empty: bool) -> None:
+        """End every ListAndWatch stream; with `send_empty`, tell the kubelet the devices are gone first."""
+        async with self._changed:
+            self._closing = True
+            self._send_empty_on_close = send_empty
+            self._changed.notify_all()
+
+    # -- RPCs -------------------------------------------------------------
+    async def GetDevicePluginOptions(self, request, context):  # noqa: N802 (gRPC names)
+        self._metrics.rpc("GetDevicePluginOptions", self._resource.name)
+        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    async def ListAndWatch(self, request, context) -> AsyncIterator[api_pb2.ListAndWatchResponse]:  # noqa: N802
+        self._metrics.rpc("ListAndWatch", self._resource.name)
+        self.active_streams += 1
+        log.info("ListAndWatch stream opened", extra={"resource": self._resource.name,
+                                                      "streams": self.active_streams})
+        try:
+            seen = -1
+            while True:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self._closing or self._version != seen)
+                    if self._closing:
+                        if self._send_empty_on_close:
+                            yield api_pb2.ListAndWatchResponse()
+                        return
+                    seen = self._version
+                    msg = device_message(self._resource)
+                yield msg
+        finally:
+            self.active_streams -= 1
+            log.info("ListAndWatch stream closed", extra={"resource": self._resource.name,
+                                                          "streams": self.active_streams})
+
+    async def GetPreferredAllocation(self, request, context):  # noqa: N802
+        resource, policy = self._resource, self._policy
+        self._metrics.rpc("GetPreferredAllocation", resource.name)
+        resp = api_pb2.PreferredAllocationResponse()
+        if not request.container_requests:
+            await self._reject(context, "GetPreferredAllocation", "request has no container_requests")
+        for n, creq in enumerate(request.container_requests):
+            req = AllocationRequest.of(creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size)
+            started = time.perf_counter()
+            try:
+                # The search is pure CPU work bounded by its time budget; running it
+                # inline keeps the answer deterministic and avoids thread hand-offs.
+                result = policy.allocate(resource.graph, req)
+            except AllocationError as e:
+                await self._reject(context, "GetPreferredAllocation", f"container_requests[{n}]: {e}")
+            self._metrics.preferred(resource.name, time.perf_counter() - started, result.optimal)
+            if not result.optimal:
+                log.warning("preferred allocation not proven optimal within the time budget",
+                            extra={"resource": resource.name, "size": req.size,
+                                   "available": len(req.available)})
+            resp.container_responses.add(deviceIDs=list(result.ids))
+        return resp
+
+    async def Allocate(self, request, context):  # noqa: N802
+        resource = self._resource
+        self._metrics.rpc("Allocate", resource.name)
+        table = resource.by_id()
+        resp = api_pb2.AllocateResponse()
+        if not request.container_requests:
+            await self._reject(context, "Allocate", "request has no container_requests")
+        for n, creq in enumerate(request.container_requests):
+            ids = list(creq.devices_ids)
+            if not ids:
+                await self._reject(context, "Allocate", f"container_requests[{n}]: devices_ids is empty")
+            dup = _duplicates(ids)
+            if dup:
+                await self._reject(context, "Allocate", f"container_requests[{n}]: repeated device IDs: {', '.join(dup)}")
+            unknown = [i for i in ids if i not in table]
+            if unknown:
+                await self._reject(context, "Allocate",
+                                   f"container_requests[{n}]: unknown device IDs for {resource.name}: {', '.join(unknown)}")
+            unhealthy = [i for i in ids if not table[i].device.healthy]
+            if unhealthy:
+                # The kubelet only hands out healthy devices; one that turned bad in between must not be used.
+                await self._reject(context, "Allocate",
+                                   f"container_requests[{n}]: devices are unhealthy: {', '.join(unhealthy)}")
+            resp.container_responses.append(to_proto(resource.allocate(ids)))
+            self._metrics.allocated(resource.name, len(ids))
+        return resp
+
+    async def PreStartContainer(self, request, context):  # noqa: N802
+        self._metrics.rpc("PreStartContainer", self._resource.name)
+        unknown = [i for i in request.devices_ids if i not in self._resource.by_id()]
+        if unknown:
+            await self._reject(context, "PreStartContainer", f"unknown device IDs: {', '.join(unknown)}")
+        return api_pb2.PreStartContainerResponse()
+
+    async def _reject(self, context: grpc.aio.ServicerContext, method: str, message: str) -> None:
+        self._metrics.rpc_error(method, self._resource.name, "INVALID_ARGUMENT")
+        log.warning("rejected request", extra={"method": method, "resource": self._resource.name,
+                                               "reason": message})
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+class ResourceServer:
+    """A DevicePlugin service bound to `<plugin_dir>/<socket_name>`; can be stopped and served again."""
+
+    def __init__(self, plugin_dir: str, resource: Resource, policy_factory: PolicyFactory, metrics: Metrics):
+        self.plugin_dir = plugin_dir
+        self.service = DevicePluginService(resource, policy_factory, metrics)
+        self._policy_factory = policy_factory
+        self._metrics = metrics
+        self._server: grpc.aio.Server | None = None
+        self.identity: SocketIdentity | None = None
+        #: identity of the kubelet.sock we registered through (None: not registered)
+        self.registered_with: SocketIdentity | None = None
+
+    @property
+    def name(self) -> str:
+        return self.service.resource.name
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.plugin_dir, self.service.resource.socket_name)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def socket_is_ours(self) -> bool:
+        """True while our socket file is the one we bound (not deleted, not replaced)."""
+        return self.identity is not None and socket_identity(self.socket_path) == self.identity
+
+    async def start(self) -> None:
+        """Serve on a fresh socket (a new service object, so no old stream survives)."""
+        if self._server is not None:
+            raise RuntimeError("server already running")
+        self.service = DevicePluginService(self.service.resource, self._policy_factory, self._metrics)
+        path = self.socket_path
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        # Sockets are created 0600: only root (the kubelet) may talk to us.
+        old_umask = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix:{path}")
+            await server.start()
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        self.identity = socket_identity(path)
+        self._server = server
+        self.registered_with = None
+        log.info("serving", extra={"resource": self.name, "socket": path})
+
+    async def stop(self, send_empty: bool = False, grace: float = 0.5) -> bool:
+        """Stop serving. Returns True when a stream was open (a live kubelet may still be attached)."""
+        server, self._server = self._server, None
+        if server is None:
+            return False
+        had_streams = self.service.active_streams > 0
+        await self.service.close_streams(send_empty)
+        if had_streams and send_empty:
+            # Give the stream a moment to flush the empty list before the channel closes.
+            for _ in range(50):
+                if self.service.active_streams == 0:
+                    break
+                await asyncio.sleep(0.01)
+        await server.stop(grace)
+        if self.socket_is_ours():
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+        self.registered_with = None
+        log.info("stopped serving", extra={"resource": self.name, "had_streams": had_streams})
+        return had_streams
+
+    async def update(self, resource: Resource) -> None:
+        if resource.socket_name != self.service.resource.socket_name:
+            raise ValueError("a resource cannot change its socket while served")
+        await self.service.update(resource)

@@ -1,0 +1,67 @@
+"""Simulated nodes: built-in names, our YAML format, or `nvidia-smi topo -m` text.
+
+Why simulated nodes are first-class: they let the daemon, the what-if
+commands and the tests run anywhere (no GPU, no kubelet), and they are how a
+user asks "what would the plugin do on my machine?".
+"""
+
+from __future__ import annotations
+
+import pathlib
+from importlib import resources
+
+from allocator.topology import NodeTopology
+
+from ..errors import TopologyError
+from .node_yaml import API_VERSION, load_node_yaml
+from .topo_matrix import load_topo_matrix, parse_topo_matrix
+
+__all__ = [
+    "API_VERSION",
+    "builtin_names",
+    "builtin_text",
+    "load_node_yaml",
+    "load_simulated",
+    "load_topo_matrix",
+    "parse_topo_matrix",
+    "source_path",
+]
+
+
+def builtin_names() -> list[str]:
+    folder = resources.files("plugin.sources").joinpath("builtins")
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def builtin_text(name: str) -> str:
+    return resources.files("plugin.sources").joinpath(f"builtins/{name}.yaml").read_text()
+
+
+def source_path(source: str) -> pathlib.Path | None:
+    """The file behind SOURCE (None for a built-in name): the daemon watches it for edits."""
+    if source in builtin_names():
+        return None
+    return pathlib.Path(source)
+
+
+def load_simulated(source: str) -> NodeTopology:
+    """Load SOURCE: a built-in name, a YAML node file, or `nvidia-smi topo -m` text.
+
+    The format of a file is recognised by content (an `apiVersion:` line means
+    YAML), not by extension, so users can paste outputs into any file.
+    """
+    if source in builtin_names():
+        return load_node_yaml(builtin_text(source), f"builtin:{source}")
+    path = pathlib.Path(source)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise TopologyError(
+            source, "no such file or built-in node",
+            fix=f"give a file path or one of the built-ins: {', '.join(builtin_names())}",
+        ) from None
+    except OSError as e:
+        raise TopologyError(source, f"cannot read: {e.strerror}") from None
+    if any(line.startswith("apiVersion:") for line in text.splitlines()):
+        return load_node_yaml(text, source)
+    return load_topo_matrix(text, source, node_name=path.stem)

@@ -1,0 +1,177 @@
+"""Our own simulated-node format (`apiVersion: topo-device-plugin/v1`, `kind: SimulatedNode`).
+
+Why our own format next to `nvidia-smi topo -m` text: it can say what the
+text cannot (health, UUIDs, models, NUMA distances, NIC ports), it is what
+users edit to simulate failures while the daemon runs, and the built-in nodes
+are written in it. The JSON schema in `plugin/sources/schema/` is the
+reference; errors name the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import jsonschema
+import yaml
+
+from allocator.topology import HEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
+
+from ..errors import TopologyError
+from .topo_matrix import load_topo_matrix
+
+API_VERSION = "topo-device-plugin/v1"
+KIND = "SimulatedNode"
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    text = resources.files("plugin.sources").joinpath("schema/simulated-node-v1.json").read_text()
+    return json.loads(text)
+
+
+def _line_of(root: yaml.Node | None, path: list[Any]) -> int | None:
+    """1-based line of the YAML node at `path` (mapping keys / sequence indexes), best effort."""
+    node = root
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in path:
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.value == part:
+                    nxt = v
+                    line = k.start_mark.line + 1
+                    break
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+        if node is None:
+            break
+    return line
+
+
+def _field(path: list[Any]) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def load_node_yaml(text: str, source: str) -> NodeTopology:
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise TopologyError(
+            source, f"not valid YAML: {getattr(e, 'problem', e)}",
+            line=mark.line + 1 if mark else None, fix="fix the YAML syntax",
+        ) from None
+    if not isinstance(data, Mapping):
+        raise TopologyError(source, "expected a mapping with apiVersion: topo-device-plugin/v1",
+                            fix="start the file with `apiVersion: topo-device-plugin/v1` and `kind: SimulatedNode`")
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        path = list(e.absolute_path)
+        fix = "see docs/simulated-nodes.md for the format"
+        if e.validator == "additionalProperties":
+            fix = "remove or rename the unknown field; " + fix
+        raise TopologyError(source, f"field {_field(path)}: {e.message}", line=_line_of(root, path), fix=fix)
+    return _build(data, root, source)
+
+
+def _build(data: Mapping[str, Any], root: yaml.Node | None, source: str) -> NodeTopology:
+    name = (data.get("metadata") or {}).get("name") or source
+    links: dict[tuple[str, str], Link] = {}
+    devices: list[Device] = []
+
+    def err(path: list[Any], msg: str, fix: str | None = None) -> TopologyError:
+        return TopologyError(source, f"field {_field(path)}: {msg}", line=_line_of(root, path), fix=fix)
+
+    if "topoMatrix" in data:
+        try:
+            base = load_topo_matrix(data["topoMatrix"], f"{source} (topoMatrix)", name)
+        except TopologyError as e:
+            line = _line_of(root, ["topoMatrix"])
+            raise TopologyError(source, f"field topoMatrix: {e.detail}",
+                                line=(line + (e.line or 0)) if line else None, fix=e.fix) from None
+        devices = list(base.devices)
+        links = dict(base.links)
+        by_name = {d.name: i for i, d in enumerate(devices)}
+        for kind, key in ((DeviceKind.GPU, "gpus"), (DeviceKind.NIC, "nics")):
+            for i, spec in enumerate(data.get(key) or []):
+                dname = spec.get("name") or (f"GPU{i}" if kind is DeviceKind.GPU else None)
+                if dname not in by_name:
+                    raise err([key, i, "name"], f"{dname!r} is not a device of topoMatrix",
+                              fix="use a GPU<i> or NIC name from the matrix")
+                devices[by_name[dname]] = _apply(devices[by_name[dname]], spec)
+    else:
+        for kind, key in ((DeviceKind.GPU, "gpus"), (DeviceKind.NIC, "nics")):
+            for i, spec in enumerate(data.get(key) or []):
+                dname = spec.get("name") or f"GPU{i}"
+                dev = Device(name=dname, kind=kind, index=i, port=dname if kind is DeviceKind.NIC else None)
+                devices.append(_apply(dev, spec))
+        names = [d.name for d in devices]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise err(["gpus"], f"duplicate device names: {', '.join(dup)}", fix="give every device a unique name")
+        defaults = data.get("defaults") or {}
+        same = Link(level=LinkLevel[defaults.get("sameNuma", "NODE")])
+        cross = Link(level=LinkLevel[defaults.get("crossNuma", "SYS")])
+        for i, a in enumerate(devices):
+            for b in devices[i + 1:]:
+                both = a.numa is not None and a.numa == b.numa
+                links[(a.name, b.name)] = same if both else cross
+    known = {d.name for d in devices}
+    for i, entry in enumerate(data.get("links") or []):
+        link = Link.parse(entry["link"])
+        members = entry["devices"]
+        for j, m in enumerate(members):
+            if m not in known:
+                raise err(["links", i, "devices", j], f"unknown device {m!r}",
+                          fix=f"use one of: {', '.join(sorted(known))}")
+        for x, a in enumerate(members):
+            for b in members[x + 1:]:
+                key = (a, b) if (a, b) in links or (b, a) not in links else (b, a)
+                links[key] = link
+    numa_cfg = data.get("numa") or {}
+    nodes = numa_cfg.get("nodes")
+    distances: dict[tuple[int, int], int] = {}
+    if "distances" in numa_cfg:
+        order = nodes if nodes is not None else sorted({d.numa for d in devices if d.numa is not None})
+        matrix = numa_cfg["distances"]
+        if len(matrix) != len(order) or any(len(r) != len(order) for r in matrix):
+            raise err(["numa", "distances"], f"needs a {len(order)}x{len(order)} matrix, one row per NUMA node",
+                      fix="list one row per node in numa.nodes order")
+        for r, a in enumerate(order):
+            for c, b in enumerate(order):
+                distances[(a, b)] = matrix[r][c]
+    for i, d in enumerate(devices):
+        if nodes is not None and d.numa is not None and d.numa not in nodes:
+            raise err(["numa", "nodes"], f"device {d.name} is on NUMA node {d.numa}, which is not listed",
+                      fix=f"add {d.numa} to numa.nodes")
+    try:
+        return NodeTopology.build(devices, links, source=name, numa_nodes=nodes, numa_distances=distances)
+    except ValueError as e:
+        raise TopologyError(source, str(e)) from None
+
+
+def _apply(dev: Device, spec: Mapping[str, Any]) -> Device:
+    changes: dict[str, Any] = {}
+    if "numa" in spec:
+        changes["numa"] = spec["numa"]
+    changes["health"] = spec.get("health", dev.health or HEALTHY)
+    for key, attr in (("model", "model"), ("memoryMiB", "memory_mib"), ("uuid", "uuid"),
+                      ("pciBusId", "pci_bus_id"), ("minor", "minor"), ("port", "port")):
+        if key in spec:
+            changes[attr] = spec[key]
+    return replace(dev, **changes)

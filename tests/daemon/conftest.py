@@ -1,0 +1,90 @@
+"""Fixtures for end-to-end daemon tests: a real daemon process, a kubelet stand-in, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from plugin.kubelet_standin import KubeletStandin
+
+ROOT = __import__('pathlib').Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[str]:
+    # Unix socket paths are limited to 108 bytes: keep the directory short.
+    with tempfile.TemporaryDirectory(prefix="tdp-") as d:
+        yield d
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
+    k = KubeletStandin(plugin_dir)
+    await k.start()
+    yield k
+    await k.stop()
+
+
+class DaemonProcess:
+    """`python -m plugin serve ...` as a real child process, with its log captured."""
+
+    def __init__(self, args: list[str], log_path: str):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "plugin", "serve", *args], cwd=ROOT,
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    async def terminate(self, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return await self.wait(timeout)
+
+    async def wait(self, timeout: float = 10.0) -> int:
+        for _ in range(int(timeout / 0.05)):
+            if self.proc.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            self.proc.kill()
+            raise AssertionError(f"daemon did not exit within {timeout}s; log:\n{self.log()}")
+        self._log.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def start_daemon(plugin_dir: str, tmp_path) -> Iterator:
+    procs: list[DaemonProcess] = []
+
+    def start(*args: str, simulate: str = "dgx-a100", strategy: str = "index", raw: bool = False) -> DaemonProcess:
+        argv = list(args) if raw else [
+            "--simulate", simulate, "--device-plugin-path", plugin_dir, "--device-id-strategy", strategy,
+            "--log-level", "debug", *args]
+        p = DaemonProcess(argv, str(tmp_path / f"daemon-{len(procs)}.log"))
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()

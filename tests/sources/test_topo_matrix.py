@@ -1,0 +1,89 @@
+"""Reading `nvidia-smi topo -m` text: every shared machine, and precise errors on bad input."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from allocator.topology import DeviceKind
+from plugin.sources import TopologyError, load_topology
+from plugin.sources.simulated import load_topo_matrix
+
+
+def test_every_shared_topology_loads(shared_topologies):
+    for path in shared_topologies:
+        topo = load_topology(str(path))
+        assert topo.gpus, path.name
+        # the matrix is complete and symmetric for every GPU pair
+        for a in topo.gpus:
+            for b in topo.gpus:
+                if a.name != b.name:
+                    assert topo.link(a.name, b.name) == topo.link(b.name, a.name)
+
+
+def by_name(topo):
+    return {d.name: d for d in topo.devices}
+
+
+def test_nic_legend_names_nics_and_gpu_numa_id_is_kept(shared_topologies):
+    hgx = load_topology(next(str(p) for p in shared_topologies if p.name.startswith("02-")))
+    assert [d.name for d in hgx.nics][:3] == ["mlx5_2", "mlx5_3", "mlx5_4"]
+    assert hgx.link("GPU0", "mlx5_2").label == "PXB" and hgx.link("GPU0", "GPU7").label == "NV12"
+    assert by_name(hgx)["mlx5_bond_0"].numa is None  # SYS to every GPU: unknown NUMA
+    gh = load_topology(next(str(p) for p in shared_topologies if p.name.startswith("11-")))
+    assert [d.attributes.get("gpu_numa_id") for d in gh.gpus] == ["4", "12", "20", "28"]
+    assert [d.numa for d in gh.gpus] == [0, 1, 2, 3]
+
+
+def test_old_driver_soc_and_ansi_codes(shared_topologies):
+    k80 = load_topology(next(str(p) for p in shared_topologies if p.name.startswith("23-")))
+    assert k80.link("GPU0", "GPU1").label == "PIX" and k80.link("GPU0", "GPU2").label == "PHB"
+    a6000 = load_topology(next(str(p) for p in shared_topologies if p.name.startswith("07-")))
+    assert a6000.link("GPU0", "GPU1").label == "NV4" and a6000.link("GPU1", "GPU2").label == "NODE"
+
+
+def test_empty_cpu_affinity_inside_cgroup(shared_topologies):
+    h100 = load_topology(next(str(p) for p in shared_topologies if p.name.startswith("14-")))
+    assert [d.numa for d in h100.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    # NICs take the NUMA node of the GPU they reach through one PCIe switch
+    assert by_name(h100)["mlx5_0"].numa == 0 and by_name(h100)["mlx5_5"].numa == 1
+
+
+SMALL = """\
+\tGPU0\tGPU1\tmlx5_0\tCPU Affinity
+GPU0\t X \tNV2\tPIX\t0-7
+GPU1\tNV2\t X \tSYS\t8-15
+mlx5_0\tPIX\tSYS\t X \t
+"""
+
+
+def test_soc_equals_sys_and_cpu_affinity_groups_numa():
+    topo = load_topo_matrix(SMALL.replace("SYS\t8-15", "SOC\t8-15"), "small.txt")
+    assert topo.link("GPU1", "mlx5_0").label == "SYS"
+    assert [d.numa for d in topo.gpus] == [0, 1]
+    assert [d.kind for d in topo.devices] == [DeviceKind.GPU, DeviceKind.GPU, DeviceKind.NIC]
+
+
+def test_unknown_token_names_file_line_row_column_and_token():
+    with pytest.raises(TopologyError) as e:
+        load_topo_matrix(SMALL.replace("NV2\t X", "NVX\t X"), "my-node.txt")
+    msg = str(e.value)
+    assert msg.startswith("my-node.txt:3:")
+    assert "row GPU1, column GPU0" in msg and "'NVX'" in msg
+
+
+def test_missing_header_and_short_row_are_errors():
+    with pytest.raises(TopologyError, match="no `nvidia-smi topo -m` header"):
+        load_topo_matrix("hello\nworld\n", "x.txt")
+    with pytest.raises(TopologyError, match=r"x.txt:2: row GPU0 has 1 cells"):
+        load_topo_matrix("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X\n", "x.txt")
+
+
+def test_asymmetric_pair_keeps_higher_weight_and_warns(caplog):
+    text = SMALL.replace("GPU1\tNV2\t X", "GPU1\tPIX\t X")
+    with caplog.at_level(logging.WARNING):
+        topo = load_topo_matrix(text, "asym.txt")
+    assert topo.link("GPU0", "GPU1").label == "NV2"
+    warning = [r for r in caplog.records if "asymmetric" in r.getMessage()]
+    assert warning and warning[0].pair == "GPU0-GPU1"
