@@ -229,26 +229,56 @@ class Daemon:
             log.info("waiting for the kubelet", extra={"socket": self.kubelet_socket})
             self._schedule_retry(self.options.kubelet_poll_s)
             return
-        failed = False
-        for s in list(self.servers.values()):
-            if s.registered_with == kubelet or not s.serving:
-                continue
-            try:
-                await register(self.kubelet_socket, os.path.basename(s.socket_path), s.name,
-                               timeout=self.options.register_timeout_s)
-            except RegistrationError as e:
-                failed = True
-                self.metrics.registration_failures.labels(s.name).inc()
-                log.warning("registration failed", extra={"resource": s.name, "reason": str(e)})
-                continue
-            s.registered_with = kubelet
-            self.metrics.registrations.labels(s.name).inc()
-            log.info("registered with the kubelet", extra={"resource": s.name,
-                                                           "endpoint": os.path.basename(s.socket_path)})
-        if failed:
+        pending = [s for s in self.servers.values() if s.serving and s.registered_with != kubelet]
+        results = await self._register_all(pending, kubelet)
+        if results is None:
+            return  # the kubelet restarted meanwhile; the next round registers with the new one
+        if not all(results):
             self._schedule_retry()
         else:
             self._backoff = self.options.retry_initial_s
+
+    async def _register_all(self, servers: list[ResourceServer], kubelet: tuple) -> list[bool] | None:
+        """Register every server concurrently; give up (None) as soon as kubelet.sock is replaced.
+
+        Why: the kubelet dials us back inside Register with a 10 s timeout, so a
+        call caught by a kubelet restart can hang; the new kubelet must not wait for it.
+        """
+        tasks = [asyncio.create_task(self._register_one(s, kubelet)) for s in servers]
+        if not tasks:
+            return []
+        watch_kicks = True
+        try:
+            while True:
+                kick = asyncio.create_task(self._kick.wait()) if watch_kicks else None
+                waiting = [t for t in tasks if not t.done()]
+                if not waiting:
+                    return [t.result() for t in tasks]
+                await asyncio.wait(waiting + ([kick] if kick else []), return_when=asyncio.FIRST_COMPLETED)
+                if kick is not None:
+                    if not kick.done():
+                        kick.cancel()
+                    elif socket_identity(self.kubelet_socket) != kubelet:
+                        return None
+                    else:
+                        watch_kicks = False  # an unrelated event; the next round handles it
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _register_one(self, s: ResourceServer, kubelet: tuple) -> bool:
+        try:
+            await register(self.kubelet_socket, os.path.basename(s.socket_path), s.name,
+                           timeout=self.options.register_timeout_s)
+        except RegistrationError as e:
+            self.metrics.registration_failures.labels(s.name).inc()
+            log.warning("registration failed", extra={"resource": s.name, "reason": str(e)})
+            return False
+        s.registered_with = kubelet
+        self.metrics.registrations.labels(s.name).inc()
+        log.info("registered with the kubelet", extra={"resource": s.name,
+                                                       "endpoint": os.path.basename(s.socket_path)})
+        return True
 
     def _schedule_retry(self, delay: float | None = None) -> None:
         if delay is None:

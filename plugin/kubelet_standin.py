@@ -79,6 +79,7 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
         self.disconnected_newer: list[str] = []
         self.changed = asyncio.Condition()
         self._server: grpc.aio.Server | None = None
+        self._handlers: set[asyncio.Task] = set()
 
     # -- life cycle -------------------------------------------------------
     async def start(self) -> None:
@@ -92,6 +93,9 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
         self._server = server
 
     async def stop(self) -> None:
+        # A dying kubelet answers nothing more: in-flight Register calls fail at once.
+        for t in list(self._handlers):
+            t.cancel()
         for c in list(self.clients.values()):
             await self._drop(c)
         self.clients.clear()
@@ -115,6 +119,14 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
 
     # -- Registration service -------------------------------------------
     async def Register(self, request, context):  # noqa: N802 (gRPC name)
+        task = asyncio.current_task()
+        self._handlers.add(task)
+        try:
+            return await self._register(request, context)
+        finally:
+            self._handlers.discard(task)
+
+    async def _register(self, request, context):
         if request.version != "v1beta1":
             await context.abort(grpc.StatusCode.UNKNOWN,
                                 f"requested API version {request.version!r} is not supported by kubelet")
