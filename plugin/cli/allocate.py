@@ -1,0 +1,221 @@
+"""`topo-device-plugin allocate`: what GetPreferredAllocation would answer, and why.
+
+Why an offline command: operators want to check the allocator's choice for a
+node before pods land on it, and to see the numbers behind the choice (NUMA
+span, link score W(S), what is left W(A\\S)). It runs the very policy object
+the daemon uses on the very DeviceGraph the daemon builds, so the answer is
+the one the kubelet would receive.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import click
+
+from allocator.policies import get_policy
+from allocator.request import Allocation, AllocationError, AllocationRequest
+from allocator.scoring import evaluate, rank
+from allocator.topology import DeviceGraph, NodeTopology
+
+from ..resources import Resource, build_resources
+from .options import Settings, common_options, load_now, make_source, pass_settings, resource_options
+
+#: Above this many candidates `allocate` does not enumerate a runner-up.
+RUNNER_UP_LIMIT = 16
+
+
+# -- helpers shared with `explain` ------------------------------------------
+def parse_ids(values: Iterable[str] | str | None) -> list[str]:
+    """`"0,1, 4"` (or several such values) -> ["0", "1", "4"]; blanks ignored."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [p.strip() for v in values for p in v.split(",") if p.strip()]
+
+
+def load_resources(settings: Settings) -> tuple[NodeTopology, list[Resource]]:
+    """Discover the node (simulated or real) and build the resources the daemon would serve."""
+    topology = load_now(make_source(settings))
+    try:
+        resources = build_resources(topology, resource_options(settings))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if not resources:
+        raise click.UsageError(f"{topology.source}: the node has no GPU or NIC to serve")
+    return topology, resources
+
+
+def find_resource(resources: Sequence[Resource], name: str | None, default: str | None = None) -> Resource:
+    names = [r.name for r in resources]
+    wanted = name or default
+    for r in resources:
+        if r.name == wanted:
+            return r
+    if name is None:
+        return resources[0]
+    raise click.UsageError(f"unknown resource {name!r}: this node serves {', '.join(names)}")
+
+
+def check_ids(resource: Resource, ids: Iterable[str], what: str) -> list[str]:
+    known = {d.id for d in resource.devices}
+    ids = list(ids)
+    bad = [i for i in ids if i not in known]
+    if bad:
+        raise click.UsageError(
+            f"{what}: unknown device IDs for {resource.name}: {', '.join(bad)} "
+            f"(known: {', '.join(d.id for d in resource.devices)})"
+        )
+    return ids
+
+
+def run_policy(resource: Resource, policy_name: str, available: Sequence[str], must_include: Sequence[str],
+               size: int) -> Allocation:
+    """One GetPreferredAllocation as the daemon answers it (raises AllocationError on a bad request)."""
+    options = dict(resource.policy_options)
+    policy = get_policy(policy_name, **options)
+    return policy.allocate(resource.graph, AllocationRequest.of(available, must_include, size))
+
+
+def preferred_callable(resource: Resource, policy_name: str) -> Callable[[list[str], list[str], int], list[str]]:
+    """The plugin's GetPreferredAllocation as a plain callable for the Topology Manager model."""
+
+    def preferred(available: list[str], must_include: list[str], size: int) -> list[str]:
+        return list(run_policy(resource, policy_name, available, must_include, size).ids)
+
+    return preferred
+
+
+def numa_nodes_of(resource: Resource, ids: Iterable[str]) -> list[int]:
+    by_id = resource.by_id()
+    return sorted({by_id[i].numa for i in ids if i in by_id and by_id[i].numa is not None})
+
+
+# -- the "why" -----------------------------------------------------------------
+_CRITERIA = {
+    "numa-first": (("span", "smaller"), ("score", "larger"), ("left_score", "larger")),
+    "link-first": (("score", "larger"), ("span", "smaller"), ("left_score", "larger")),
+    "spread": (("span", "smaller"), ("ports", "larger"), ("score", "larger"), ("left_score", "larger")),
+    "packed": (("span", "smaller"), ("ports", "smaller"), ("score", "larger"), ("left_score", "larger")),
+}
+_LABELS = {"span": "NUMA span", "score": "W(S)", "left_score": "W(A\\S)", "ports": "ports"}
+
+
+def runner_up(graph: DeviceGraph, policy: str, available: Sequence[str], must_include: Sequence[str],
+              chosen: Sequence[str]) -> dict[str, Any] | None:
+    """The best other set and the first criterion that separates it from the choice (small inputs only)."""
+    if policy not in _CRITERIA or len(available) > RUNNER_UP_LIMIT:
+        return None
+    k = len(chosen)
+    must = set(must_include)
+    free = [a for a in available if a not in must]
+    best: tuple | None = None
+    best_set: tuple[str, ...] | None = None
+    chosen_set = set(chosen)
+    for combo in itertools.combinations(free, k - len(must)):
+        s = tuple(must_include) + combo
+        if set(s) == chosen_set:
+            continue
+        key = rank(graph, policy, available, s)
+        if best is None or key < best:
+            best, best_set = key, s
+    if best_set is None:
+        return None
+    a = evaluate(graph, available, chosen)
+    b = evaluate(graph, available, best_set)
+    reason = ""
+    for field, better in _CRITERIA[policy]:
+        va, vb = getattr(a, field), getattr(b, field)
+        if va != vb:
+            reason = f"{_LABELS[field]} {va} vs {vb} ({better} is better)"
+            break
+    return {
+        "ids": list(best_set),
+        "span": b.span,
+        "score": b.score,
+        "left_score": b.left_score,
+        "tie": not reason,
+        "reason": reason or "ties on every criterion; the fixed tie rule (lowest device order) decides",
+    }
+
+
+@click.command()
+@common_options
+@click.option("--size", type=click.IntRange(min=1), required=True, help="allocation_size: how many devices.")
+@click.option("--available", "available_opt", multiple=True, metavar="IDS",
+              help="available_deviceIDs, comma-separated (default: every healthy device of the resource).")
+@click.option("--must-include", "must_opt", multiple=True, metavar="IDS",
+              help="must_include_deviceIDs, comma-separated.")
+@click.option("--resource", "resource_name", default=None, metavar="NAME",
+              help="Which resource (default: the GPU resource, else the first one served).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@pass_settings
+def allocate(settings: Settings, size: int, available_opt: tuple[str, ...], must_opt: tuple[str, ...],
+             resource_name: str | None, fmt: str) -> None:
+    """The set GetPreferredAllocation would return, with its NUMA span and scores, and why."""
+    topology, resources = load_resources(settings)
+    resource = find_resource(resources, resource_name, settings["gpu_resource_name"])
+    available = parse_ids(available_opt) or [d.id for d in resource.devices if d.device.healthy]
+    check_ids(resource, available, "--available")
+    must = check_ids(resource, parse_ids(must_opt), "--must-include")
+    policy_name = resource.policy  # the daemon's policy for it (--allocation-policy for GPUs)
+    try:
+        result = run_policy(resource, policy_name, available, must, size)
+    except AllocationError as e:
+        raise click.UsageError(f"bad request: {e}") from None
+    ev = evaluate(resource.graph, available, result.ids)
+    other = runner_up(resource.graph, policy_name, available, must, result.ids)
+    data: dict[str, Any] = {
+        "node": topology.source,
+        "resource": resource.name,
+        "policy": policy_name,
+        "request": {"available": list(available), "must_include": list(must), "size": size},
+        "ids": list(result.ids),
+        "numa_nodes": numa_nodes_of(resource, result.ids),
+        "span": result.span,
+        "score": result.score,
+        "left_score": result.left_score,
+        "ports": ev.ports,
+        "optimal": result.optimal,
+        "explored": result.explored,
+        "runner_up": other,
+    }
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(render_allocate(data))
+
+
+def render_allocate(data: dict[str, Any]) -> str:
+    req = data["request"]
+    lines = [
+        f"Node: {data['node']}   resource: {data['resource']}   policy: {data['policy']}",
+        f"Request: size {req['size']} of {len(req['available'])} available "
+        f"({', '.join(req['available'])})"
+        + (f", must include {', '.join(req['must_include'])}" if req["must_include"] else ""),
+        "",
+        f"Preferred allocation: {', '.join(data['ids'])}",
+        f"  NUMA span: {data['span']}"
+        + (f" (node{'s' if len(data['numa_nodes']) != 1 else ''} "
+           f"{', '.join(map(str, data['numa_nodes']))})" if data["numa_nodes"] else " (no NUMA information)"),
+        f"  link score W(S): {data['score']}",
+        f"  left for the next pod W(A\\S): {data['left_score']}",
+    ]
+    if data["policy"] in ("spread", "packed"):
+        lines.append(f"  ports: {data['ports']}")
+    lines.append(f"  optimal: {'yes (proven)' if data['optimal'] else 'not proven within the time budget'}")
+    other = data.get("runner_up")
+    if other and other["tie"]:
+        lines.append(f"Why: {', '.join(other['ids'])} is as good on every criterion; "
+                     "the fixed tie rule (lowest device order) picks this set")
+    elif other:
+        lines.append(f"Why: beats the next best set {', '.join(other['ids'])} on {other['reason']}")
+    elif other is None and len(req["available"]) > RUNNER_UP_LIMIT:
+        lines.append(f"Why: (no runner-up search above {RUNNER_UP_LIMIT} candidates)")
+    else:
+        lines.append("Why: it is the only possible set")
+    return "\n".join(lines)

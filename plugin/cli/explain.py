@@ -1,0 +1,303 @@
+"""`topo-device-plugin explain`: the kubelet Topology Manager's view of one pod on this node.
+
+Why: whether a GPU pod is admitted depends on the kubelet's policy and scope,
+on how the device manager turns *installed* devices into "preferred" hints,
+and on how it then picks devices around the plugin's preference. None of that
+is visible from the plugin's side. This command runs the model of all of it
+(`allocator.topologymanager`) on the node the daemon would serve, with the
+daemon's own allocator answering GetPreferredAllocation, and prints each
+provider's hints, the merged affinity, admit or reject with the kubelet's
+reason, and the devices the kubelet would end up with.
+
+A rejection is a result, not a failure: exit 0 unless --fail-on-reject (then 1).
+Bad usage, a bad topology file or a kubelet configuration the kubelet itself
+would refuse (an unknown policy option, too many NUMA nodes): exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from allocator.scoring import score
+from allocator.topologymanager import (
+    POLICIES,
+    SCOPES,
+    Container,
+    DeviceInfo,
+    ExplainResult,
+    Pod,
+    ResourceSpec,
+    TopologyHint,
+    TopologyManagerError,
+    machine_numa,
+)
+from allocator.topologymanager import explain as run_explain
+
+from ..resources import Resource
+from .allocate import check_ids, load_resources, parse_ids, preferred_callable
+from .options import Settings, common_options, option, pass_settings
+
+
+def _parse_requests(values: Sequence[str], resources: Sequence[Resource], flag: str) -> dict[str, int]:
+    names = [r.name for r in resources]
+    out: dict[str, int] = {}
+    for value in values:
+        name, sep, count = value.partition("=")
+        name, count = name.strip(), count.strip()
+        if not sep or not name:
+            raise click.UsageError(f"{flag} {value!r}: expected RESOURCE=N, e.g. nvidia.com/gpu=4")
+        if name not in names:
+            raise click.UsageError(f"{flag} {value!r}: this node serves no resource {name!r} "
+                                   f"(it serves {', '.join(names)})")
+        try:
+            n = int(count)
+        except ValueError:
+            raise click.UsageError(f"{flag} {value!r}: N must be a whole number") from None
+        if n < 0:
+            raise click.UsageError(f"{flag} {value!r}: N must not be negative")
+        out[name] = out.get(name, 0) + n
+    return out
+
+
+def _parse_options(values: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--policy-option {value!r}: expected KEY=VALUE, "
+                                   "e.g. prefer-closest-numa-nodes=true")
+        out[key.strip()] = val.strip()
+    return out
+
+
+def _parse_allocated(values: Sequence[str], resources: Sequence[Resource]) -> dict[str, list[str]]:
+    """`--allocated 0,1,4,5` (IDs looked up in every resource) or `--allocated RESOURCE=IDS`."""
+    by_name = {r.name: r for r in resources}
+    owner: dict[str, list[str]] = {}
+    for r in resources:
+        for d in r.devices:
+            owner.setdefault(d.id, []).append(r.name)
+    out: dict[str, list[str]] = {}
+    for value in values:
+        head, sep, tail = value.partition("=")
+        if sep and head.strip() in by_name:
+            r = by_name[head.strip()]
+            for i in check_ids(r, parse_ids(tail), "--allocated"):
+                out.setdefault(r.name, []).append(i)
+            continue
+        for i in parse_ids(value):
+            names = owner.get(i, [])
+            if not names:
+                raise click.UsageError(f"--allocated: no device has ID {i!r} on this node")
+            if len(names) > 1:
+                raise click.UsageError(f"--allocated: ID {i!r} exists in {', '.join(names)}; "
+                                       f"write RESOURCE=IDS, e.g. {names[0]}={i}")
+            out.setdefault(names[0], []).append(i)
+    return out
+
+
+def _specs(resources: Sequence[Resource]) -> list[ResourceSpec]:
+    specs = []
+    for r in resources:
+        devices = tuple(
+            DeviceInfo(d.id, None if d.numa is None else (d.numa,), d.device.healthy) for d in r.devices
+        )
+        specs.append(ResourceSpec(r.name, devices, preferred_callable(r, r.policy)))
+    return specs
+
+
+def _hint_text(h: TopologyHint) -> str:
+    aff = "any node (nil)" if h.affinity is None else "{" + ",".join(map(str, h.affinity.bits)) + "}"
+    return f"{aff} {'preferred' if h.preferred else 'not preferred'}"
+
+
+def _hint_dict_text(h: dict[str, Any]) -> str:
+    aff = h["affinity"]
+    text = "any node (nil)" if aff is None else "{" + ",".join(map(str, aff)) + "}"
+    return f"{text} {'preferred' if h['preferred'] else 'not preferred'}"
+
+
+def report_data(result: ExplainResult, resources: Sequence[Resource], source: str) -> dict[str, Any]:
+    """The model's report plus what only the plugin side knows: W(S) of each allocation."""
+    data = result.to_dict()
+    data["node"] = source
+    graphs = {r.name: r.graph for r in resources}
+    for alloc in data["allocations"]:
+        graph = graphs.get(alloc["resource"])
+        ids = alloc["devices"]
+        alloc["score"] = score(graph, ids) if graph is not None and ids else 0
+    return data
+
+
+def render_explain(data: dict[str, Any]) -> str:
+    lines: list[str] = []
+    opts = data["policy_options"]
+    lines.append(f"Node: {data['node']}   NUMA nodes: {', '.join(map(str, data['numa_nodes']))}")
+    lines.append(
+        f"Kubelet: topologyManagerPolicy={data['policy']}"
+        + (f" topologyManagerScope={data['scope']}" if data["policy"] != "none" else "")
+        + ("   options: " + ", ".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
+    )
+    for init in data["pod"]["init_containers"]:
+        lines.append(f"Init container {init['name']!r} requests "
+                     + ", ".join(f"{k}={v}" for k, v in init["limits"].items()))
+    for c in data["pod"]["containers"]:
+        lines.append(f"Container {c['name']!r} requests " + ", ".join(f"{k}={v}" for k, v in c["limits"].items()))
+    if data.get("in_use"):
+        lines.append("In use by other pods: "
+                     + "; ".join(f"{r}: {', '.join(ids)}" for r, ids in data["in_use"].items()))
+    for w in data.get("warnings", []):
+        lines.append(f"Note: {w}")
+
+    allocs_by_container: dict[str, list[dict[str, Any]]] = {}
+    for a in data["allocations"]:
+        allocs_by_container.setdefault(a["container"], []).append(a)
+
+    def allocation_lines(container: str) -> None:
+        for a in allocs_by_container.get(container, []):
+            lines.append(f"    {a['resource']} x{a['required']}: " + _case_text(a))
+            for step in a["steps"]:
+                lines.append(f"      - {step}")
+            call = a["preferred_call"]
+            if call is not None:
+                lines.append(
+                    f"      - GetPreferredAllocation(available=[{', '.join(call['available'])}], "
+                    f"must_include=[{', '.join(call['must_include'])}], size={call['size']}) "
+                    f"-> [{', '.join(call['answer'])}]; kept [{', '.join(call['accepted'])}]"
+                )
+            elif a["preferred_skipped"]:
+                lines.append(f"      - GetPreferredAllocation not called: {a['preferred_skipped']}")
+            if a["devices"]:
+                span = a["numa_span"]
+                lines.append(
+                    f"      => devices {', '.join(a['devices'])}   NUMA span {len(span)}"
+                    + (f" (node{'s' if len(span) != 1 else ''} {', '.join(map(str, span))})" if span else "")
+                    + f"   W(S)={a['score']}"
+                )
+            if a["arbitrary"]:
+                lines.append("      (the kubelet fills part of this set in random order; another run may "
+                             "pick other devices from the same bucket)")
+
+    merged_containers: set[str] = set()
+    for m in data["merges"]:
+        who = ", ".join(m["containers"])
+        title = f"Container {who}" if len(m["containers"]) == 1 and data["scope"] == "container" else f"Pod ({who})"
+        lines.append("")
+        lines.append(f"{title}: Topology Manager merge")
+        lines.append("  device manager hints:")
+        if not m["resources"]:
+            lines.append("    (no device-plugin resource requested: no preference)")
+        for r in m["resources"]:
+            extra = []
+            if r["min_affinity_size"] is not None:
+                extra.append(f"narrowest fit for {r['request']} counting installed devices: "
+                             f"{r['min_affinity_size']} NUMA node{'s' if r['min_affinity_size'] != 1 else ''}")
+            if r["available"]:
+                extra.append(f"free: {', '.join(r['available'])}")
+            if r["reusable"]:
+                extra.append(f"reusable: {', '.join(r['reusable'])}")
+            lines.append(f"    {r['resource']} (request {r['request']}): {r['note']}"
+                         + (f"; {'; '.join(extra)}" if extra else ""))
+            if r["hints"] is None:
+                lines.append("      no preference (nil)")
+            elif not r["hints"]:
+                lines.append("      no possible affinity ([])")
+            for h in r["hints"] or []:
+                lines.append(f"      {_hint_dict_text(h)}")
+        lines.append(f"  merged affinity: {_hint_dict_text(m['best_hint'])}")
+        lines.append(f"  policy decision: {'admit' if m['admit'] else 'reject'}")
+        if not m["admit"]:
+            lines.append(f"  why: {data['policy']} admits only a preferred merged hint"
+                         + (" on a single NUMA node" if data["policy"] == "single-numa-node" else ""))
+        if m["admit"]:
+            lines.append("  allocation (devicesToAllocate):")
+            for c in m["containers"]:
+                merged_containers.add(c)
+                if len(m["containers"]) > 1:
+                    lines.append(f"   container {c!r}:")
+                allocation_lines(c)
+    if not data["merges"]:
+        lines.append("")
+        lines.append("Policy none: no hints are merged; every container is allocated with no NUMA affinity.")
+        for c in data["pod"]["init_containers"] + data["pod"]["containers"]:
+            lines.append(f"  container {c['name']!r}:")
+            allocation_lines(c["name"])
+
+    lines.append("")
+    if data["admit"]:
+        lines.append("Result: ADMITTED")
+    else:
+        where = f" (container {data['failed_container']!r})" if data.get("failed_container") else ""
+        lines.append(f"Result: REJECTED{where}: {data['reason']}: {data['message']}")
+    return "\n".join(lines)
+
+
+def _case_text(a: dict[str, Any]) -> str:
+    return {
+        "reuse": "taken from the devices of an earlier init container",
+        "already-allocated": "already allocated",
+        "nothing": "nothing to allocate",
+        "A": "Case A (more aligned devices than needed)",
+        "B": "Case B (aligned devices are not more than needed)",
+    }.get(a["case"], a["case"] or "-")
+
+
+@click.command()
+@common_options
+@option("--policy", "tm_policy", type=click.Choice(POLICIES), required=True,
+        help="The kubelet's --topology-manager-policy.")
+@option("--scope", "tm_scope", type=click.Choice(SCOPES), default="container",
+        help="The kubelet's --topology-manager-scope.")
+@click.option("--request", "requests", multiple=True, metavar="RESOURCE=N", required=True,
+              help="Limit of the pod's container, e.g. nvidia.com/gpu=4 (repeat for more resources).")
+@click.option("--init-request", "init_requests", multiple=True, metavar="RESOURCE=N",
+              help="Give the pod one init container with these limits (its devices are then reused).")
+@click.option("--allocated", "allocated", multiple=True, metavar="IDS",
+              help="Device IDs already held by other pods: 0,1,4,5 or RESOURCE=IDS (repeatable).")
+@click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE",
+              help="A --topology-manager-policy-options entry, e.g. prefer-closest-numa-nodes=true.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--fail-on-reject", is_flag=True, help="Exit 1 when the pod would be rejected.")
+@pass_settings
+def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[str, ...],
+            init_requests: tuple[str, ...], allocated: tuple[str, ...], policy_options: tuple[str, ...],
+            fmt: str, fail_on_reject: bool) -> None:
+    """The kubelet Topology Manager's view of a pod: each provider's hints, the merged
+    hint, admit or reject, then the devices the kubelet would end up with."""
+    topology, resources = load_resources(settings)
+    limits = _parse_requests(requests, resources, "--request")
+    init_limits = _parse_requests(init_requests, resources, "--init-request")
+    in_use = _parse_allocated(allocated, resources)
+    options = _parse_options(policy_options)
+    pod = Pod(
+        uid="explain",
+        name="explain",
+        containers=(Container("main", limits),),
+        init_containers=(Container("init", init_limits),) if init_limits else (),
+    )
+    nodes, distances = machine_numa(topology)
+    try:
+        result = run_explain(
+            numa_nodes=nodes,
+            distances=distances,
+            resources=_specs(resources),
+            pod=pod,
+            policy=tm_policy,
+            scope=tm_scope,
+            policy_options=options,
+            in_use=in_use,
+        )
+    except TopologyManagerError as e:
+        raise click.UsageError(f"the kubelet would not start with this Topology Manager configuration: {e}") from None
+    data = report_data(result, resources, topology.source)
+    data["in_use"] = in_use
+    if fmt == "json":
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(render_explain(data))
+    if fail_on_reject and not result.admitted:
+        raise SystemExit(1)

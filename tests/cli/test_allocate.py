@@ -1,0 +1,90 @@
+"""`topo-device-plugin allocate`: the preferred allocation for a simulated node, with its numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from plugin.cli.allocate import allocate
+
+BASE = ["--simulate", "dgx-a100", "--device-id-strategy", "index"]
+
+
+def run(*args: str, base=BASE):
+    return CliRunner().invoke(allocate, [*base, *args], catch_exceptions=False)
+
+
+def run_json(*args: str, base=BASE) -> dict:
+    res = run(*args, "--format", "json", base=base)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_default_request_takes_one_numa_node():
+    data = run_json("--size", "4")
+    assert data["resource"] == "nvidia.com/gpu" and data["policy"] == "numa-first"
+    assert data["span"] == 1 and len(data["numa_nodes"]) == 1
+    assert len(data["ids"]) == 4 and data["optimal"] is True
+    assert data["request"]["available"] == [str(i) for i in range(8)]
+
+
+def test_must_include_is_honoured_and_span_minimised():
+    data = run_json("--size", "3", "--available", "2,3,4,5,6", "--must-include", "4")
+    assert "4" in data["ids"] and data["numa_nodes"] == [1] and data["span"] == 1
+    assert data["runner_up"]["reason"].startswith("NUMA span 1 vs 2")
+
+
+def test_text_output_shows_span_scores_and_why():
+    res = run("--size", "2", "--available", "0,4,5")
+    assert res.exit_code == 0, res.output
+    assert "Preferred allocation: 4, 5" in res.output
+    assert "NUMA span: 1 (node 1)" in res.output
+    assert "W(S)" in res.output and "W(A\\S)" in res.output
+    assert "Why: beats the next best set" in res.output
+
+
+def test_tie_is_explained():
+    res = run("--size", "2")
+    assert "fixed tie rule" in res.output
+
+
+def test_nic_resource_uses_its_pool_policy():
+    data = run_json("--size", "2", "--resource", "topo.dev/nic")
+    assert data["policy"] == "spread" and data["span"] == 1
+
+
+def test_allocation_policy_flag_changes_the_gpu_policy():
+    data = run_json("--size", "2", "--allocation-policy", "link-first")
+    assert data["policy"] == "link-first"
+
+
+def test_pcie_node_prefers_the_pix_pair():
+    data = run_json("--size", "2", base=["--simulate", "pcie-2socket-4gpu-2nic", "--device-id-strategy", "index"])
+    assert sorted(data["ids"]) in (["0", "1"], ["2", "3"])
+    assert data["score"] == 50
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--size", "9"], "allocation_size 9 exceeds the 8 available devices"),
+        (["--size", "0"], "--size"),
+        (["--size", "2", "--must-include", "42"], "unknown device IDs for nvidia.com/gpu: 42"),
+        (["--size", "1", "--available", "0,1", "--must-include", "0,1"], "exceed allocation_size"),
+        (["--size", "1", "--available", "0,0"], "repeats IDs: 0"),
+        (["--size", "1", "--resource", "example.com/x"], "unknown resource 'example.com/x'"),
+        ([], "--size"),
+    ],
+)
+def test_bad_requests_exit_2(args, message):
+    res = run(*args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+
+
+def test_unknown_source_exits_2():
+    res = CliRunner().invoke(allocate, ["--simulate", "/no/such/node.yaml", "--size", "1"])
+    assert res.exit_code == 2
+    assert "/no/such/node.yaml" in res.output
