@@ -48,13 +48,21 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def hwm_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def main(node: str, restarts: int, calls: int) -> None:
+async def main(node: str, restarts: int, calls: int, idle: float) -> None:
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="tdp-bench-") as d:
         kubelet = KubeletStandin(d)
@@ -71,6 +79,12 @@ async def main(node: str, restarts: int, calls: int) -> None:
             rows.append(("start -> registered (process start included)", f"{t_reg * 1000:.0f} ms"))
             rows.append(("start -> first device list", f"{t_list * 1000:.0f} ms"))
 
+            rss_start = rss_mib(proc.pid)
+            cpu0 = cpu_s(proc.pid)
+            await asyncio.sleep(idle)
+            idle_mcpu = (cpu_s(proc.pid) - cpu0) / idle * 1000
+            rows.append(("daemon RSS once registered", f"{rss_start:.1f} MiB"))
+            rows.append((f"idle CPU while registered (over {idle:.0f} s)", f"{idle_mcpu:.1f} millicores"))
             await kubelet.wait_for(lambda: len(kubelet.clients) >= 1 and all(
                 kubelet.clients[r].devices for r in kubelet.clients), timeout=30)
             resources = sorted(kubelet.clients)
@@ -120,7 +134,8 @@ async def main(node: str, restarts: int, calls: int) -> None:
                         samples.append(time.perf_counter() - t0)
                     rows.append((f"{name} round trip p50 / p99",
                                  f"{statistics.median(samples) * 1000:.2f} / {pct(samples, 99) * 1000:.2f} ms"))
-            rows.append(("daemon RSS after the run", f"{rss_mib(proc.pid):.1f} MiB"))
+            rows.append(("daemon RSS after the run (peak of the run: VmHWM)", f"{rss_mib(proc.pid):.1f} MiB "
+                         f"({hwm_mib(proc.pid):.1f} MiB)"))
             rows.append(("daemon CPU time for the whole run", f"{cpu_s(proc.pid):.2f} s"))
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -139,5 +154,6 @@ if __name__ == "__main__":
     ap.add_argument("--node", default="dgx-a100")
     ap.add_argument("--restarts", type=int, default=50)
     ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measurement")
     args = ap.parse_args()
-    asyncio.run(main(args.node, args.restarts, args.calls))
+    asyncio.run(main(args.node, args.restarts, args.calls, args.idle))

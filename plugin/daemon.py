@@ -82,7 +82,9 @@ class Daemon:
     def ready(self) -> tuple[bool, str]:
         missing = [n for n, s in self.servers.items() if s.registered_with is None]
         if not self.servers:
-            return False, "no resources to serve"
+            # Nothing to register is a steady state (a node without matching devices), not a failure:
+            # an unready pod would block the DaemonSet's rolling update.
+            return True, "no devices to serve"
         if missing:
             return False, "not registered: " + ", ".join(sorted(missing))
         return True, "registered: " + ", ".join(sorted(self.servers))

@@ -1,0 +1,138 @@
+{{/*
+Chart name, truncated to the 63 characters of a DNS label.
+*/}}
+{{- define "topo-device-plugin.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of the objects. The ConfigMap adds "-config" to it, so it is cut at 56.
+*/}}
+{{- define "topo-device-plugin.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 56 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 56 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 56 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "topo-device-plugin.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels of every object.
+*/}}
+{{- define "topo-device-plugin.labels" -}}
+helm.sh/chart: {{ include "topo-device-plugin.chart" . }}
+{{ include "topo-device-plugin.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "topo-device-plugin.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/component: device-plugin
+app.kubernetes.io/part-of: topo-device-plugin
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+Selector labels: stable across upgrades (a DaemonSet's selector is immutable).
+*/}}
+{{- define "topo-device-plugin.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "topo-device-plugin.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "topo-device-plugin.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "topo-device-plugin.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "topo-device-plugin.imageTag" -}}
+{{- .Values.image.tag | default .Chart.AppVersion | toString }}
+{{- end }}
+
+{{- define "topo-device-plugin.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (include "topo-device-plugin.imageTag" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The kubelet root dir without a trailing slash, and the device-plugin dir inside it.
+*/}}
+{{- define "topo-device-plugin.kubeletRootDir" -}}
+{{- .Values.kubeletRootDir | trimSuffix "/" }}
+{{- end }}
+
+{{- define "topo-device-plugin.devicePluginDir" -}}
+{{- printf "%s/device-plugins" (include "topo-device-plugin.kubeletRootDir" .) }}
+{{- end }}
+
+{{- define "topo-device-plugin.configMapName" -}}
+{{- .Values.config.existingConfigMap | default (printf "%s-config" (include "topo-device-plugin.fullname" .)) }}
+{{- end }}
+
+{{/*
+The daemon's config file. `version` comes first; the sections follow in a fixed order.
+*/}}
+{{- define "topo-device-plugin.config" -}}
+version: v1
+{{- range $section := list "flags" "gpus" "nics" }}
+{{- with index $.Values.config $section }}
+{{ $section }}:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Rolls the pods when the config changes. With an existing ConfigMap only its name is known.
+*/}}
+{{- define "topo-device-plugin.configChecksum" -}}
+{{- if .Values.config.existingConfigMap }}
+{{- .Values.config.existingConfigMap | sha256sum }}
+{{- else }}
+{{- include "topo-device-plugin.config" . | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{- define "topo-device-plugin.metricsAddress" -}}
+{{- if contains ":" .Values.metrics.bindAddress }}
+{{- printf "[%s]:%d" .Values.metrics.bindAddress (int .Values.metrics.port) }}
+{{- else }}
+{{- printf "%s:%d" .Values.metrics.bindAddress (int .Values.metrics.port) }}
+{{- end }}
+{{- end }}
+
+{{- define "topo-device-plugin.metricsServiceEnabled" -}}
+{{- if or .Values.metrics.service.enabled .Values.metrics.serviceMonitor.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+Container securityContext. Default: root (see values.yaml), every capability dropped,
+read-only root filesystem, no privilege escalation. Opt-ins: added capabilities, or
+privileged for vfio/devlink (Kubernetes rejects privileged together with
+allowPrivilegeEscalation=false, so that field follows).
+*/}}
+{{- define "topo-device-plugin.securityContext" -}}
+privileged: {{ .Values.privileges.privileged }}
+allowPrivilegeEscalation: {{ .Values.privileges.privileged }}
+readOnlyRootFilesystem: true
+runAsUser: {{ int .Values.securityContext.runAsUser }}
+runAsGroup: {{ int .Values.securityContext.runAsGroup }}
+runAsNonRoot: {{ ne (int .Values.securityContext.runAsUser) 0 }}
+capabilities:
+  drop: [ALL]
+  {{- with .Values.privileges.capabilities }}
+  add:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

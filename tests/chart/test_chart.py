@@ -1,0 +1,680 @@
+"""The Helm chart: lint, render, strict decode against the Kubernetes API types, schema.
+
+Tools: a real `helm` built from its Go module by scripts/install_helm.sh and the
+chart-decode program in tests/chart/decode (k8s.io/api types, strict decoding), both
+cached under ~/.cache/topo-device-plugin/bin. Cold builds take a few minutes; warm runs
+reuse the binaries at once. Where no Go toolchain (or no module proxy) is available the
+tests skip and say why; set TOPO_DP_REQUIRE_CHART_TOOLS=1 to make that a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "topo-device-plugin"
+DECODE_DIR = Path(__file__).resolve().parent / "decode"
+NAMESPACE = "topo-system"
+RELEASE = "tdp"
+
+# Cold builds of helm and chart-decode run inside the first test that needs them.
+pytestmark = pytest.mark.timeout(1800)
+
+
+# ---- tools -------------------------------------------------------------------------------
+
+
+def _build(cmd: list[str], what: str) -> str:
+    """Run a build script that prints a binary path; skip (or fail) with the reason."""
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode == 0 and proc.stdout.strip():
+        return proc.stdout.strip().splitlines()[-1]
+    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+    reason = f"cannot build {what} ({' '.join(cmd)} exited {proc.returncode}):\n{tail}"
+    print(reason, file=sys.stderr)
+    if os.environ.get("TOPO_DP_REQUIRE_CHART_TOOLS") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    return _build(["bash", str(ROOT / "scripts" / "install_helm.sh")], "helm")
+
+
+@pytest.fixture(scope="session")
+def decoder() -> str:
+    return _build(["bash", str(DECODE_DIR / "build.sh")], "chart-decode")
+
+
+@dataclass
+class Rendered:
+    text: str
+    objects: list[dict[str, Any]]
+
+    def get(self, kind: str) -> dict[str, Any]:
+        found = [o for o in self.objects if o["kind"] == kind]
+        assert len(found) == 1, f"expected one {kind}, got {[o['kind'] for o in self.objects]}"
+        return found[0]
+
+    def kinds(self) -> list[str]:
+        return sorted(o["kind"] for o in self.objects)
+
+    @property
+    def container(self) -> dict[str, Any]:
+        return self.get("DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+
+    @property
+    def pod_spec(self) -> dict[str, Any]:
+        return self.get("DaemonSet")["spec"]["template"]["spec"]
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([helm, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def write_values(tmp_path: Path, values: dict[str, Any], name: str = "values.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+def render(helm: str, tmp_path: Path, values: dict[str, Any], chart: Path = CHART) -> Rendered:
+    vfile = write_values(tmp_path, values)
+    proc = run_helm(helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE, "-f", str(vfile))
+    assert proc.returncode == 0, f"helm template failed:\n{proc.stderr}"
+    objects = [o for o in yaml.safe_load_all(proc.stdout) if o]
+    return Rendered(proc.stdout, objects)
+
+
+def decode(decoder: str, manifest: str) -> subprocess.CompletedProcess:
+    return subprocess.run([decoder], input=manifest, capture_output=True, text=True)
+
+
+# ---- value sets ----------------------------------------------------------------------------
+
+NIC_POOLS = {
+    "config": {
+        "flags": {"failOnInitError": False, "nicAllocationPolicy": "packed"},
+        "nics": {
+            "resourceList": [
+                {
+                    "resourceName": "mlnx_rdma",
+                    "resourcePrefix": "example.com",
+                    "allocationPolicy": "spread",
+                    "selectors": [{"vendors": ["15b3"], "devices": ["101e"], "isRdma": True}],
+                    "additionalInfo": {"*": {"tier": "fast"}},
+                },
+                {
+                    "resourceName": "intel_sriov_netdevice",
+                    "deviceType": "netDevice",
+                    "excludeTopology": False,
+                    "selectors": {"pfNames": ["ens785f0#0-7"], "drivers": ["iavf"]},
+                },
+            ]
+        },
+    },
+    "nvidia": {"enabled": False},
+    "hostDev": {"enabled": True},
+    "privileges": {"hostNetwork": True, "capabilities": ["NET_ADMIN"]},
+}
+
+CUSTOM_KUBELET = {"kubeletRootDir": "/var/snap/microk8s/common/var/lib/kubelet/"}
+
+METRICS = {
+    "metrics": {
+        "port": 9500,
+        "serviceMonitor": {
+            "enabled": True,
+            "labels": {"release": "kube-prometheus-stack"},
+            "interval": "15s",
+            "metricRelabelings": [{"action": "drop", "regex": "go_.*", "sourceLabels": ["__name__"]}],
+        },
+    },
+    "namespace": {"create": True},
+    "podAnnotations": {"example.com/team": "gpu"},
+    "podLabels": {"tier": "node"},
+}
+
+KIND_SIMULATED = {
+    "image": {"repository": "localhost/topo-device-plugin", "tag": "e2e", "pullPolicy": "Never"},
+    "simulate": "dgx-a100",
+    "nvidia": {"enabled": False},
+    "hostSys": {"enabled": False},
+    "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
+    "extraArgs": ["--log-level=debug"],
+    "extraEnv": [{"name": "TOPO_DP_TIME_BUDGET_MS", "value": "50"}],
+}
+
+EXTRAS = {
+    "image": {"digest": "sha256:" + "ab" * 32},
+    "config": {"existingConfigMap": "my-topo-config"},
+    "privileges": {"privileged": True},
+    "updateStrategy": {"type": "OnDelete"},
+    "serviceAccount": {"create": False, "name": "custom-sa"},
+    "metrics": {"bindAddress": "::", "service": {"enabled": True}},
+    "runtimeClassName": "nvidia",
+    "nodeSelector": {"feature.node.kubernetes.io/pci-10de.present": "true"},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}
+                ]
+            }
+        }
+    },
+    "extraVolumes": [{"name": "node-file", "hostPath": {"path": "/etc/topo", "type": "DirectoryOrCreate"}}],
+    "extraVolumeMounts": [{"name": "node-file", "mountPath": "/etc/topo", "readOnly": True}],
+}
+
+VALUE_SETS = {
+    "default": {},
+    "nic-pools": NIC_POOLS,
+    "custom-kubelet-root": CUSTOM_KUBELET,
+    "metrics-servicemonitor": METRICS,
+    "kind-simulated": KIND_SIMULATED,
+    "extras": EXTRAS,
+}
+
+
+# ---- lint and strict decode of every value set ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_lint(helm, tmp_path, name):
+    vfile = write_values(tmp_path, VALUE_SETS[name])
+    proc = run_helm(helm, "lint", str(CHART), "--strict", "--namespace", NAMESPACE, "-f", str(vfile))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_every_object_decodes_strictly(helm, decoder, tmp_path, name):
+    rendered = render(helm, tmp_path, VALUE_SETS[name])
+    proc = decode(decoder, rendered.text)
+    assert proc.returncode == 0, f"chart-decode rejected the {name} manifests:\n{proc.stderr}"
+    decoded = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert sorted(d["kind"] for d in decoded) == rendered.kinds()
+    for d in decoded:
+        if d["kind"] != "Namespace":
+            assert d["namespace"] == NAMESPACE, d
+
+
+# ---- the decoder really is strict ----------------------------------------------------------------
+
+
+def test_decoder_rejects_a_misspelled_field_in_a_post_processed_manifest(helm, decoder, tmp_path):
+    text = render(helm, tmp_path, {}).text
+    assert decode(decoder, text).returncode == 0
+    bad = text.replace("imagePullPolicy:", "imagePullPolicyy:", 1)
+    assert bad != text
+    proc = decode(decoder, bad)
+    assert proc.returncode == 1
+    assert 'unknown field "spec.template.spec.containers[0].imagePullPolicyy"' in proc.stderr
+
+
+def test_decoder_is_case_sensitive_like_the_api_server(helm, decoder, tmp_path):
+    text = render(helm, tmp_path, {}).text
+    proc = decode(decoder, text.replace("containerPort:", "ContainerPort:", 1))
+    assert proc.returncode == 1
+    assert "ContainerPort" in proc.stderr
+
+
+def test_decoder_rejects_a_typo_passed_through_values(helm, decoder, tmp_path):
+    """extraVolumes are raw Kubernetes objects: the schema cannot check them, the decoder does."""
+    values = {"extraVolumes": [{"name": "x", "hostPth": {"path": "/x"}}]}
+    rendered = render(helm, tmp_path, values)  # helm itself accepts it
+    proc = decode(decoder, rendered.text)
+    assert proc.returncode == 1
+    assert "hostPth" in proc.stderr
+
+
+def test_decoder_rejects_unknown_kinds_bad_quantities_and_broken_references(decoder):
+    manifest = """
+apiVersion: example.com/v1
+kind: Widget
+metadata: {name: w}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: ds}
+spec:
+  selector: {matchLabels: {app: a}}
+  template:
+    metadata: {labels: {app: b}}
+    spec:
+      containers:
+        - name: c
+          image: i
+          livenessProbe: {httpGet: {path: /healthz, port: metrics}}
+          volumeMounts: [{name: missing, mountPath: /x}]
+          resources: {requests: {memory: 2Gi}, limits: {memory: 1Gi}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: q}
+data: {a: b}
+binaryData: {c: "%%%not-base64"}
+"""
+    proc = decode(decoder, manifest)
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "unknown kind Widget" in err
+    assert "unknown kind Pod" not in err  # core/v1 Pod is known and valid enough
+    assert "does not match the pod template labels" in err
+    assert 'port "metrics" is not a named port' in err
+    assert 'volumeMounts "missing": no volume of that name' in err
+    assert "exceeds the limit" in err
+    assert "ConfigMap/q" in err
+
+
+# ---- what the default render contains ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def default(helm, tmp_path_factory) -> Rendered:
+    return render(helm, tmp_path_factory.mktemp("default"), {})
+
+
+def test_default_objects(default):
+    assert default.kinds() == ["ConfigMap", "DaemonSet", "ServiceAccount"]
+
+
+def test_default_daemonset_scheduling(default):
+    ds = default.get("DaemonSet")
+    spec = default.pod_spec
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in spec["tolerations"]
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    assert "hostNetwork" not in spec
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_default_daemon_command_line(default):
+    c = default.container
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert c["image"] == f"ghcr.io/topo-device-plugin/topo-device-plugin:{chart['appVersion']}"
+    assert "command" not in c  # the image's ENTRYPOINT is topo-device-plugin
+    assert c["args"] == [
+        "serve",
+        "--config=/etc/topo-device-plugin/config.yaml",
+        "--kubelet-root-dir=/var/lib/kubelet",
+        "--metrics-address=0.0.0.0:9400",
+    ]
+
+
+def test_default_mounts(default):
+    c, spec = default.container, default.pod_spec
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert volumes["device-plugins"]["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
+    assert mounts["device-plugins"]["mountPath"] == "/var/lib/kubelet/device-plugins"
+    assert not mounts["device-plugins"].get("readOnly")  # the daemon creates its sockets there
+    assert volumes["sys"]["hostPath"]["path"] == "/sys" and mounts["sys"] == {
+        "name": "sys", "mountPath": "/sys", "readOnly": True}
+    assert "dev" not in volumes and all(m["mountPath"] != "/dev" for m in c["volumeMounts"])
+    assert mounts["config"] == {"name": "config", "mountPath": "/etc/topo-device-plugin", "readOnly": True}
+    assert volumes["config"]["configMap"]["name"] == default.get("ConfigMap")["metadata"]["name"]
+    assert "emptyDir" in volumes["tmp"]  # the root filesystem is read-only
+    hostpaths = sorted(v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v)
+    assert hostpaths == ["/sys", "/var/lib/kubelet/device-plugins"]
+
+
+def test_default_security_context(default):
+    sc = default.container["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+
+
+def test_default_probes_use_the_metrics_port(default):
+    c = default.container
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+def test_default_resources_are_set(default):
+    res = default.container["resources"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert res == values["resources"]
+    assert {"cpu", "memory"} <= set(res["requests"]) and "memory" in res["limits"]
+    assert "cpu" not in res["limits"]  # no CPU throttling of pod admission
+
+
+def test_default_nvidia_env(default):
+    env = {e["name"]: e.get("value") for e in default.container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "NODE_NAME" in env
+
+
+def test_config_checksum_annotation_tracks_the_config(helm, tmp_path, default):
+    def checksum(r: Rendered) -> str:
+        return r.get("DaemonSet")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    config_text = default.get("ConfigMap")["data"]["config.yaml"]
+    assert checksum(default) == hashlib.sha256(config_text.rstrip("\n").encode()).hexdigest()
+    changed = render(helm, tmp_path, {"config": {"flags": {"logLevel": "debug"}}})
+    assert checksum(changed) != checksum(default)
+    same = render(helm, tmp_path, {"podLabels": {"a": "b"}})
+    assert checksum(same) == checksum(default)
+
+
+# ---- the rendered config is what the daemon accepts ------------------------------------------------
+
+
+def _daemon_python(code: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+LOAD_CONFIG = """
+import sys
+from plugin.config import load_config
+cfg = load_config(sys.argv[1])
+print(sorted(cfg.flags), len(cfg.nic_resource_list))
+"""
+
+
+@pytest.mark.parametrize("name", ["default", "nic-pools", "metrics-servicemonitor"])
+def test_rendered_config_passes_the_daemons_own_validation(helm, tmp_path, name):
+    config = render(helm, tmp_path, VALUE_SETS[name]).get("ConfigMap")["data"]["config.yaml"]
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    proc = _daemon_python(LOAD_CONFIG, str(path))
+    assert proc.returncode == 0, f"the daemon rejects the chart's config:\n{config}\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("name,node", [("default", "dgx-a100"), ("nic-pools", "pcie-2socket-4gpu-2nic")])
+def test_rendered_config_drives_discover(helm, tmp_path, name, node):
+    """End to end: the daemon's CLI takes the chart's config file (flags applied, exit 0)."""
+    config = render(helm, tmp_path, VALUE_SETS[name]).get("ConfigMap")["data"]["config.yaml"]
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "plugin", "discover", "--config", str(path), "--simulate", node],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
+    )
+    if proc.returncode != 0 and "is not supported by this build" in proc.stderr:
+        pytest.skip(f"the daemon cannot parse NIC pools yet: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_values_schema_flags_match_the_daemon_config_schema():
+    """values.schema.json mirrors plugin/config/config-v1.json; drift fails here."""
+    daemon = json.loads((ROOT / "plugin" / "config" / "config-v1.json").read_text())
+    chart = json.loads((CHART / "values.schema.json").read_text())
+    chart_config = chart["properties"]["config"]["properties"]
+    chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress"}
+    daemon_flags = daemon["properties"]["flags"]["properties"]
+    assert set(chart_config["flags"]["properties"]) == set(daemon_flags) - chart_managed
+    for key, spec in daemon_flags.items():
+        if "enum" in spec:
+            assert chart_config["flags"]["properties"][key]["enum"] == spec["enum"], key
+    daemon_health = daemon["properties"]["gpus"]["properties"]["health"]["properties"]
+    chart_health = chart_config["gpus"]["properties"]["health"]["properties"]
+    assert set(chart_health) == set(daemon_health)
+    assert set(chart_config) - {"existingConfigMap"} == set(daemon["properties"]) - {"version"}
+
+
+NIC_KEYS = """
+import json
+from plugin import nic_pools as n
+print(json.dumps({"entry": list(n._ENTRY_KEYS),
+                  "selector": list(n._LIST_SELECTORS) + list(n._BOOL_SELECTORS),
+                  "linkTypes": list(n.LINK_TYPES), "policies": list(n.POLICIES)}))
+"""
+
+
+def test_values_schema_nic_pools_match_the_daemon():
+    proc = _daemon_python(NIC_KEYS)
+    if proc.returncode != 0:
+        pytest.skip(f"plugin.nic_pools does not expose its keys as expected: {proc.stderr.strip()[-300:]}")
+    daemon = json.loads(proc.stdout)
+    defs = json.loads((CHART / "values.schema.json").read_text())["definitions"]
+    assert set(defs["nicResource"]["properties"]) == set(daemon["entry"])
+    assert set(defs["nicSelector"]["properties"]) == set(daemon["selector"])
+    assert defs["nicSelector"]["properties"]["linkTypes"]["items"]["enum"] == daemon["linkTypes"]
+    assert defs["nicResource"]["properties"]["allocationPolicy"]["enum"] == daemon["policies"]
+
+
+# ---- specific value sets --------------------------------------------------------------------------
+
+
+def test_custom_kubelet_root_dir(helm, tmp_path):
+    r = render(helm, tmp_path, CUSTOM_KUBELET)
+    root = "/var/snap/microk8s/common/var/lib/kubelet"
+    assert f"--kubelet-root-dir={root}" in r.container["args"]
+    volumes = {v["name"]: v for v in r.pod_spec["volumes"]}
+    assert volumes["device-plugins"]["hostPath"]["path"] == f"{root}/device-plugins"
+    mounts = {m["name"]: m for m in r.container["volumeMounts"]}
+    assert mounts["device-plugins"]["mountPath"] == f"{root}/device-plugins"
+
+
+def test_nic_pools(helm, tmp_path):
+    r = render(helm, tmp_path, NIC_POOLS)
+    config = yaml.safe_load(r.get("ConfigMap")["data"]["config.yaml"])
+    assert config["version"] == "v1"
+    assert config["nics"]["resourceList"] == NIC_POOLS["config"]["nics"]["resourceList"]
+    assert config["flags"]["failOnInitError"] is False
+    spec, c = r.pod_spec, r.container
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert {"name": "dev", "mountPath": "/dev", "readOnly": True} in c["volumeMounts"]
+    assert not any(e["name"].startswith("NVIDIA_") for e in c["env"])
+
+
+def test_metrics_service_and_servicemonitor(helm, tmp_path):
+    r = render(helm, tmp_path, METRICS)
+    assert r.kinds() == ["ConfigMap", "DaemonSet", "Namespace", "Service", "ServiceAccount", "ServiceMonitor"]
+    svc, sm, ns = r.get("Service"), r.get("ServiceMonitor"), r.get("Namespace")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9500, "targetPort": "metrics", "protocol": "TCP"}]
+    pod_labels = r.get("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert all(pod_labels[k] == v for k, v in svc["spec"]["selector"].items())
+    assert all(svc["metadata"]["labels"][k] == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert sm["spec"]["endpoints"][0]["interval"] == "15s"
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert "--metrics-address=0.0.0.0:9500" in r.container["args"]
+    assert ns["metadata"]["name"] == NAMESPACE
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert ns["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_kind_simulated(helm, tmp_path):
+    r = render(helm, tmp_path, KIND_SIMULATED)
+    c = r.container
+    assert c["image"] == "localhost/topo-device-plugin:e2e" and c["imagePullPolicy"] == "Never"
+    assert c["args"][-2:] == ["--simulate=dgx-a100", "--log-level=debug"]
+    assert r.get("DaemonSet")["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": "25%"}
+    assert all(v["name"] != "sys" for v in r.pod_spec["volumes"])
+    assert {"name": "TOPO_DP_TIME_BUDGET_MS", "value": "50"} in c["env"]
+
+
+def test_extras(helm, tmp_path):
+    r = render(helm, tmp_path, EXTRAS)
+    assert r.kinds() == ["DaemonSet", "Service"]  # existing ConfigMap, existing ServiceAccount
+    c, spec = r.container, r.pod_spec
+    assert c["image"] == "ghcr.io/topo-device-plugin/topo-device-plugin@sha256:" + "ab" * 32
+    assert c["securityContext"]["privileged"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is True
+    assert r.get("DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert spec["serviceAccountName"] == "custom-sa"
+    assert spec["runtimeClassName"] == "nvidia"
+    assert "--metrics-address=[::]:9400" in c["args"]
+    assert {v["name"]: v for v in spec["volumes"]}["config"]["configMap"]["name"] == "my-topo-config"
+
+
+def test_image_tag_value_and_packaged_chart(helm, tmp_path):
+    """What `helm install ... --set image.tag=X` gets, from the packaged chart as a user would."""
+    proc = run_helm(helm, "package", str(CHART), "--destination", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    tgz = next(tmp_path.glob("topo-device-plugin-*.tgz"))
+    proc = run_helm(helm, "template", RELEASE, str(tgz), "-n", NAMESPACE, "--set", "image.tag=1.2.3-rc.1")
+    assert proc.returncode == 0, proc.stderr
+    ds = [o for o in yaml.safe_load_all(proc.stdout) if o and o["kind"] == "DaemonSet"][0]
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":1.2.3-rc.1")
+    # --set turns digits into an integer; the tag must still render as a string.
+    proc = run_helm(helm, "template", RELEASE, str(tgz), "--set", "image.tag=20261122")
+    assert proc.returncode == 0, proc.stderr
+    assert 'image: "ghcr.io/topo-device-plugin/topo-device-plugin:20261122"' in proc.stdout
+
+
+# ---- the schema rejects bad values ----------------------------------------------------------------
+
+BAD_VALUES = [
+    ("--set", "config.flags.allocationPolicy=fastest", "/config/flags/allocationPolicy"),
+    ("--set", "config.flags.deviceIdStrategy=serial", "/config/flags/deviceIdStrategy"),
+    ("--set", "config.flags.kubeletRootDir=/x", "kubeletRootDir"),  # the chart owns this flag
+    ("--set", "config.flags.logLevell=debug", "logLevell"),
+    ("--set-json", 'config.flags.deviceListStrategy=["envvar","volume-mounts"]', "/config/flags/deviceListStrategy"),
+    ("--set", "kubeletRootDir=var/lib/kubelet", "/kubeletRootDir"),
+    ("--set", "tolerration=x", "tolerration"),
+    ("--set", "updateStrategy.type=Recreate", "/updateStrategy/type"),
+    ("--set", "updateStrategy.rollingUpdate.maxUnavailable=0", "/updateStrategy/rollingUpdate/maxUnavailable"),
+    ("--set", "updateStrategy.rollingUpdate.maxSurge=1", "maxSurge"),
+    ("--set", "resources.limits.memory=12Gx", "/resources/limits/memory"),
+    ("--set", "metrics.port=70000", "/metrics/port"),
+    ("--set", "metrics.serviceMonitor.interval=30 seconds", "/metrics/serviceMonitor/interval"),
+    ("--set", "image.pullPolicy=Sometimes", "/image/pullPolicy"),
+    ("--set", "image.digest=sha256:abc", "/image/digest"),
+    ("--set", "privileges.privileged=yes", "/privileges/privileged"),
+    ("--set-json", 'privileges.capabilities=["ALL"]', "/privileges/capabilities"),
+    ("--set-json", 'config.nics.resourceList=[{"resourceName":"a/b"}]', "/config/nics/resourceList/0/resourceName"),
+    ("--set-json", 'config.nics.resourceList=[{"selectors":[]}]', "resourceName"),
+    ("--set-json", 'config.nics.resourceList=[{"resourceName":"a","selectors":{"vendor":["15b3"]}}]', "vendor"),
+    ("--set-json", 'config.nics.resourceList=[{"resourceName":"a"}]', "selectors"),
+    ("--set-json", 'config.nics.resourceList=[{"resourceName":"a","selectors":[]}]', "selectors"),
+    ("--set-json", 'config.nics.resourceList=[{"resourceName":"a","selectors":{"pKeys":["0x1"]}}]', "pKeys"),
+    ("--set-json", 'config.nics.resourceList=[{"resourceName":"a","deviceType":"accelerator","selectors":{}}]',
+     "deviceType"),
+    ("--set-json", 'config.nics.resourceList=[{"resourceName":"a","resourcePrefix":"x.kubernetes.io","selectors":{}}]',
+     "resourcePrefix"),
+    ("--set-json", 'config.gpus.health.ignoredXids=["13"]', "/config/gpus/health/ignoredXids/0"),
+    ("--set", "securityContext.runAsUser=-1", "/securityContext/runAsUser"),
+    ("--set", "nameOverride=Bad_Name", "/nameOverride"),
+]
+
+
+@pytest.mark.parametrize("flag,value,where", BAD_VALUES, ids=[v for _, v, _ in BAD_VALUES])
+def test_schema_rejects_bad_values(helm, flag, value, where):
+    proc = run_helm(helm, "template", RELEASE, str(CHART), flag, value)
+    assert proc.returncode != 0, f"{value} was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert where in proc.stderr, proc.stderr
+
+
+def test_lint_fails_on_bad_values(helm, tmp_path):
+    vfile = write_values(tmp_path, {"config": {"flags": {"allocationPolicy": "fastest"}}})
+    proc = run_helm(helm, "lint", str(CHART), "-f", str(vfile))
+    assert proc.returncode != 0
+    assert "allocationPolicy" in proc.stdout + proc.stderr
+
+
+def test_schema_works_offline():
+    """Helm must not fetch the meta-schema: only draft-07 and no remote $ref."""
+    text = (CHART / "values.schema.json").read_text()
+    schema = json.loads(text)
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert not re.search(r'"\$ref":\s*"(?!#)', text)
+
+
+# ---- NOTES.txt ------------------------------------------------------------------------------------
+
+
+def render_notes(helm: str, tmp_path: Path, values: dict[str, Any]) -> str:
+    """`helm template` skips NOTES.txt and `helm install --dry-run` needs a cluster, so a
+    copy of the chart renders it through `tpl` inside a throwaway ConfigMap."""
+    work = Path(tempfile.mkdtemp(dir=tmp_path))
+    chart = work / "chart"
+    shutil.copytree(CHART, chart)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes.tmpl")
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data:\n  notes: {{ tpl (.Files.Get "notes.tmpl") . | quote }}\n'
+    )
+    vfile = write_values(work, values)
+    proc = run_helm(helm, "template", RELEASE, str(chart), "-n", NAMESPACE, "-f", str(vfile),
+                    "--show-only", "templates/zz-notes.yaml")
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)["data"]["notes"]
+
+
+def test_notes(helm, tmp_path):
+    notes = render_notes(helm, tmp_path, {})
+    assert f"kubectl -n {NAMESPACE} rollout status daemonset/{RELEASE}-topo-device-plugin" in notes
+    assert "nvidia\\.com/gpu" in notes
+    assert "WARNING" not in notes
+    notes = render_notes(helm, tmp_path, {**KIND_SIMULATED, **CUSTOM_KUBELET, "privileges": {"privileged": True}})
+    assert "SIMULATED" in notes and "privileged=true" in notes
+    assert "/var/snap/microk8s/common/var/lib/kubelet/device-plugins" in notes
+
+
+# ---- README ------------------------------------------------------------------------------------------
+
+
+def test_readme_is_up_to_date(helm):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "chart_docs.py"), "--check", "--helm", helm],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+
+
+def test_values_are_documented():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import chart_docs
+    finally:
+        sys.path.pop(0)
+    text = (CHART / "values.yaml").read_text()
+    documented = {".".join(d.path) for d in chart_docs.parse_docs(text)}
+    values = yaml.safe_load(text)
+    for key, value in values.items():
+        children = any(d.startswith(key + ".") for d in documented)
+        assert key in documented or children, f"values.yaml key {key!r} has no '# --' comment"
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def in_schema(path: list[str]) -> bool:
+        node = schema
+        for key in path:
+            node = node.get("properties", {}).get(key)
+            if node is None:
+                return False
+        return True
+
+    missing = [d for d in documented if not in_schema(d.split("."))]
+    assert not missing, f"documented but not in values.schema.json: {missing}"
+
+
+def test_chart_app_version_matches_the_package():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    version = re.search(r'^version\s*=\s*"([^"]+)"', pyproject, re.M).group(1)
+    assert chart["appVersion"] == version
