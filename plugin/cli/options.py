@@ -67,6 +67,11 @@ COMMON = [
     option("--proc-root", default="/proc", help="Where procfs is mounted (default route check)."),
     option("--fail-on-init-error/--no-fail-on-init-error", default=True,
            help="Exit when NVML cannot start; with --no-fail-on-init-error serve zero GPUs instead."),
+    option("--nic-link-health/--no-nic-link-health", default=False,
+           help="Mark a NIC Unhealthy while its link is down (polled every 2 s)."),
+    option("--fake-nvml", default=None, metavar="SOURCE",
+           help="Testing without a GPU: answer NVML calls from a simulated node (built-in, YAML or topo text) "
+                "instead of the driver; sysfs/udev stay real."),
 ]
 
 
@@ -112,7 +117,8 @@ def _nic_pools(settings: Settings) -> tuple[NicPool, ...]:
     except ImportError:  # pragma: no cover
         raise click.UsageError(f"{settings.config.path}: nics.resourceList is not supported by this build") from None
     try:
-        return tuple(parse_pools(settings.config.nic_resource_list, settings.config.path or "<config>"))
+        return tuple(parse_pools(settings.config.nic_resource_list, settings.config.path or "<config>",
+                                 dev_root=settings.values["dev_root"]))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
 
@@ -148,9 +154,20 @@ def make_source(settings: Settings) -> TopologySource:
         return SimulatedSource(v["simulate"])
     from ..sources.hardware import hardware_source_from_options
 
+    nvml = None
+    if v.get("fake_nvml"):
+        from ..sources.fake_nvml import FakeNvml
+        from ..sources.simulated import load_simulated
+
+        try:
+            node = load_simulated(v["fake_nvml"])
+        except TopologyError as e:
+            raise click.UsageError(f"--fake-nvml: {e}") from None
+        nvml = FakeNvml(node.without(d.name for d in node.nics))
     return hardware_source_from_options(
         sysfs_root=v["sysfs_root"], dev_root=v["dev_root"], proc_root=v["proc_root"],
         fail_on_init_error=v["fail_on_init_error"], gpu_health=settings.config.gpu_health,
+        nic_link_health=v["nic_link_health"], nvml=nvml,
     )
 
 
@@ -177,5 +194,5 @@ def pass_settings(fn: Callable) -> Callable:
 _COMMON_NAMES = {
     "config_path", "simulate", "device_id_strategy", "gpu_resource_name", "allocation_policy", "time_budget_ms",
     "nic_resource_name", "nic_allocation_policy", "device_list_strategy", "cdi_vendor", "cdi_class",
-    "sysfs_root", "dev_root", "proc_root", "fail_on_init_error",
+    "sysfs_root", "dev_root", "proc_root", "fail_on_init_error", "nic_link_health", "fake_nvml",
 }

@@ -140,6 +140,7 @@ def test_vf_moved_into_a_pod_keeps_its_rdma_facts(tmp_path):
     real = os.path.realpath(os.path.join(node.sysfs_root, "bus", "pci", "devices", vf))
     shutil.rmtree(os.path.join(real, "infiniband"))
     shutil.rmtree(os.path.join(real, "net"))
+    os.unlink(os.path.join(node.sysfs_root, "class", "net", node.function(vf).netdev))  # gone from our netns
     without_memory = next(d for d in scan(node).devices if d.name == vf)
     assert without_memory.attributes["rdma"] == "false"
     again = next(d for d in scan(node, previous=first.devices).devices if d.name == vf)
@@ -210,3 +211,18 @@ def test_intel_vfs_and_a_gpu_only_switch(tmp_path):
     assert devs == node.topology.nics
     assert [d.attributes["driver"] for d in devs] == ["iavf", "vfio-pci"]
     assert devs[0].model == "E810 VF (iavf)"
+
+
+def test_virtio_netdev_under_a_child_device_is_found_and_the_uplink_excluded(tmp_path):
+    """virtio puts the netdev at <bdf>/virtio0/net/eth0, not <bdf>/net (seen on real VMs)."""
+    virtio = NicCard(ports=(Port("eth0", total_vfs=0, default_route=True, netdev_parent="virtio0"),),
+                     vendor="1af4", device="1041", driver="virtio-pci")
+    virtio2 = NicCard(ports=(Port("eth1", total_vfs=0, netdev_parent="virtio1", operstate="down"),),
+                      vendor="1af4", device="1041", driver="virtio-pci")
+    node = write_node(NodeSpec("vm", (Socket(None, (HostBridge((virtio, virtio2)),)),)), str(tmp_path))
+    inv = scan(node, link_health=True)
+    assert "default route (eth0)" in inv.skipped[node.function("eth0").bdf]
+    (d,) = inv.devices
+    assert d.attributes["netdev"] == "eth1" and d.attributes["operstate"] == "down"
+    assert d.health == UNHEALTHY
+    assert inv.devices == tuple(replace(x, health=UNHEALTHY) for x in node.topology.nics)

@@ -1,0 +1,552 @@
+"""A fake NVML (the pynvml calls we use), driven by a `NodeTopology`: a test double at the hardware boundary.
+
+Why in the package and not under tests/: the discovery and health code take
+the NVML module as a parameter, and CI, the daemon's end-to-end tests and the
+`device` check all need the same stand-in. The real discovery code runs
+unchanged against it:
+
+    fake = FakeNvml(load_simulated("dgx-a100"))
+    root = fake.write_sysfs(tmpdir)              # <root>/bus/pci/devices/<bdf>/numa_node
+    NvmlGpuSource(nvml=fake, sysfs_root=root).load()
+
+What the topology becomes:
+
+- GPU i (by `Device.index`) gets its UUID, PCI bus id, minor, model and
+  memory from the Device, or deterministic made-up ones (UUID from the
+  topology source and name; bus ids `0000:08:00.0`, `0000:10:00.0`...).
+- `NV<n>` pairs: per-GPU NVLink tables whose remote PCI info points at the
+  peer GPU (bridges, hybrid cube-mesh). When every GPU pair is `NV<n>` with
+  one n (3 GPUs or more; `nvswitch=` forces either way), each GPU instead has
+  n links to NVSwitches, with switch bus ids and remote type SWITCH (HGX/DGX).
+  `cpu_nvlinks=k` adds k links per GPU to an IBM NPU (POWER9).
+- `nvmlDeviceGetTopologyCommonAncestor` answers the pair's PCIe level.
+- Constants and `NVMLError` come from the real pynvml (importing it does not
+  load the library), so error classes and codes are the real ones.
+
+Failure and event injection for tests: `init_error`, `lose(gpu)` /
+`restore(gpu)`, `down_links`, `remote_device_type` ("ok", "function-not-found",
+"absent"), `common_ancestor=False`, `inject_xid`, `inject_double_bit_ecc`,
+`fail_event_wait`. Every call is counted in `calls`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import uuid as uuidlib
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from allocator.topology import Device, LinkLevel, NodeTopology
+
+from .pcie import normalize_bdf
+
+__all__ = ["FakeEventData", "FakeNvml", "FakePciInfo", "nvml_bus_id"]
+
+_UUID_NS = uuidlib.UUID("3d1f0c64-8b7e-4a52-9e0d-2f6a71c4b8e3")
+_LEVEL_TO_NVML = {
+    LinkLevel.PIX: pynvml.NVML_TOPOLOGY_SINGLE,
+    LinkLevel.PXB: pynvml.NVML_TOPOLOGY_MULTIPLE,
+    LinkLevel.PHB: pynvml.NVML_TOPOLOGY_HOSTBRIDGE,
+    LinkLevel.NODE: pynvml.NVML_TOPOLOGY_NODE,
+    LinkLevel.SYS: pynvml.NVML_TOPOLOGY_SYSTEM,
+}
+#: Links a GPU has in hardware when the topology does not need more (A100: 12, H100: 18).
+_HW_LINKS = 18
+
+
+def nvml_bus_id(bdf: str) -> str:
+    """Kernel form `0000:3b:00.0` -> NVML form `00000000:3B:00.0`."""
+    k = normalize_bdf(bdf)
+    domain, rest = k.split(":", 1)
+    return f"{int(domain, 16):08X}:{rest.upper()}"
+
+
+@dataclass
+class FakePciInfo:
+    busId: str
+    busIdLegacy: str
+    domain: int
+    bus: int
+    device: int
+    pciDeviceId: int = 0x20B010DE
+    pciSubSystemId: int = 0
+
+
+@dataclass
+class FakeMemory:
+    total: int
+    free: int
+    used: int = 0
+
+
+@dataclass
+class FakeEventData:
+    device: Any
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass(eq=False)
+class FakeHandle:
+    index: int
+
+    def __repr__(self) -> str:
+        return f"<fake nvmlDevice {self.index}>"
+
+
+@dataclass
+class _FakeGpu:
+    device: Device
+    handle: FakeHandle
+    uuid: str
+    bdf: str  # kernel form
+    minor: int
+    model: str
+    memory_mib: int
+    #: link index -> (remote kernel bdf, remote type)
+    links: dict[int, tuple[str, int]] = field(default_factory=dict)
+    hw_links: int = _HW_LINKS
+    down: set[int] = field(default_factory=set)
+    lost: bool = False
+
+
+@dataclass(eq=False)
+class _EventSet:
+    events: queue.Queue = field(default_factory=queue.Queue)
+    #: GPU index -> registered event mask
+    registered: dict[int, int] = field(default_factory=dict)
+    freed: bool = False
+
+
+def _pci(bdf: str) -> FakePciInfo:
+    k = normalize_bdf(bdf)
+    domain, bus, devfn = k.split(":")
+    dev = devfn.split(".")[0]
+    return FakePciInfo(busId=nvml_bus_id(k), busIdLegacy=f"{int(domain, 16) & 0xFFFF:04X}:{bus.upper()}:{devfn.upper()}",
+                       domain=int(domain, 16), bus=int(bus, 16), device=int(dev, 16))
+
+
+def _generated_bdf(i: int) -> str:
+    return f"{i // 31:04x}:{(i % 31 + 1) * 8:02x}:00.0"
+
+
+class FakeNvml:
+    """Stands in for the `pynvml` module; see the module docstring."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(
+        self,
+        topology: NodeTopology,
+        *,
+        nvswitch: bool | None = None,
+        switch_count: int = 6,
+        cpu_nvlinks: int = 0,
+        down_links: Mapping[str, int] | None = None,
+        remote_device_type: str = "ok",
+        common_ancestor: bool = True,
+        init_error: int | None = None,
+        supported_events: int | None = None,
+        register_error: Mapping[str, int] | None = None,
+    ):
+        if remote_device_type not in ("ok", "function-not-found", "absent"):
+            raise ValueError("remote_device_type is one of ok, function-not-found, absent")
+        self.topology = topology
+        self.init_error = init_error
+        self.common_ancestor = common_ancestor
+        self.remote_device_type = remote_device_type
+        self.supported_events = (supported_events if supported_events is not None
+                                 else pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+                                 | pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypePState)
+        self.register_error = dict(register_error or {})
+        self.calls: Counter[str] = Counter()
+        self.wait_times: list[float] = []
+        self.init_count = 0
+        self._lock = threading.Lock()
+        self._sets: list[_EventSet] = []
+        self._wait_failure: tuple[int, int | None] | None = None  # (code, remaining or None=forever)
+        self._registered_cv = threading.Condition(self._lock)
+        if remote_device_type == "absent":
+            # Old bindings: the attribute does not exist (discovery uses getattr(..., None)).
+            self.nvmlDeviceGetNvLinkRemoteDeviceType = None  # type: ignore[assignment]
+
+        gpus = sorted(topology.gpus, key=lambda d: d.index)
+        self.gpus: list[_FakeGpu] = []
+        for pos, d in enumerate(gpus):
+            bdf = normalize_bdf(d.pci_bus_id) if d.pci_bus_id else _generated_bdf(pos)
+            self.gpus.append(_FakeGpu(
+                device=d, handle=FakeHandle(pos),
+                uuid=d.uuid or "GPU-" + str(uuidlib.uuid5(_UUID_NS, f"{topology.source}/{d.name}")),
+                bdf=bdf, minor=d.minor if d.minor is not None else pos,
+                model=d.model or "NVIDIA Fake GPU", memory_mib=d.memory_mib or 81920,
+            ))
+        self.by_name = {g.device.name: g for g in self.gpus}
+        self._by_uuid = {g.uuid: g for g in self.gpus}
+        used_domains = {int(g.bdf.split(":")[0], 16) for g in self.gpus}
+        free_domain = max(used_domains, default=0) + 1
+        self.switch_bdfs: list[str] = []
+        self.npu_bdfs: list[str] = []
+        self._wire_nvlinks(nvswitch, switch_count, free_domain)
+        if cpu_nvlinks:
+            self._wire_npu(cpu_nvlinks, free_domain + 1)
+        for name, k in (down_links or {}).items():
+            g = self.by_name[name]
+            g.down = set(sorted(g.links)[:k])
+
+    # -- building ------------------------------------------------------------
+    def _nv(self, a: _FakeGpu, b: _FakeGpu) -> int:
+        return self.topology.link(a.device.name, b.device.name).nvlinks
+
+    def _wire_nvlinks(self, nvswitch: bool | None, switch_count: int, domain: int) -> None:
+        gpus = self.gpus
+        pairs = [(a, b, self._nv(a, b)) for i, a in enumerate(gpus) for b in gpus[i + 1:]]
+        counts = {n for _, _, n in pairs}
+        clique = len(gpus) >= 2 and len(counts) == 1 and next(iter(counts)) > 0
+        use_switch = nvswitch if nvswitch is not None else (clique and len(gpus) >= 3)
+        if use_switch and not clique:
+            raise ValueError("nvswitch=True needs every GPU pair to be NV<n> with one n")
+        max_links = int(pynvml.NVML_NVLINK_MAX_LINKS)
+        if use_switch:
+            n = next(iter(counts))
+            self.switch_bdfs = [f"{domain:04x}:{0x10 + s:02x}:00.0" for s in range(switch_count)]
+            for g in gpus:
+                if n > max_links:
+                    raise ValueError(f"NV{n} needs more than NVML_NVLINK_MAX_LINKS={max_links} links")
+                for link in range(n):
+                    g.links[link] = (self.switch_bdfs[link % switch_count], pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+                g.hw_links = max(_HW_LINKS, n)
+            return
+        for a, b, n in pairs:
+            for _ in range(n):
+                for src, dst in ((a, b), (b, a)):
+                    link = len(src.links)
+                    if link >= max_links:
+                        raise ValueError(f"{src.device.name} needs more than NVML_NVLINK_MAX_LINKS={max_links} "
+                                         "direct NVLinks; use nvswitch=True")
+                    src.links[link] = (dst.bdf, pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+        for g in gpus:
+            g.hw_links = min(max_links, max(_HW_LINKS, len(g.links)))
+
+    def _wire_npu(self, k: int, domain: int) -> None:
+        for i, g in enumerate(self.gpus):
+            npu = f"{domain:04x}:00:{i:02x}.0"
+            self.npu_bdfs.append(npu)
+            for _ in range(k):
+                g.links[len(g.links)] = (npu, pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU)
+            g.hw_links = min(int(pynvml.NVML_NVLINK_MAX_LINKS), max(g.hw_links, len(g.links)))
+
+    def write_sysfs(
+        self,
+        root: str,
+        numa: Mapping[str, int | None] | None = None,
+        missing: Iterable[str] = (),
+        raw: Mapping[str, str] | None = None,
+    ) -> str:
+        """Write `<root>/bus/pci/devices/<bdf>/numa_node` for every GPU (and vendor/class files).
+
+        `numa` overrides a GPU's node (None -> -1); GPUs named in `missing` get
+        no numa_node file; `raw` writes a GPU's file verbatim. Switches and NPUs
+        get vendor files (10de NVSwitch, 1014 IBM NPU). Returns `root`.
+        """
+        numa = dict(numa or {})
+        raw = dict(raw or {})
+        gone = set(missing)
+        for g in self.gpus:
+            d = os.path.join(root, "bus", "pci", "devices", g.bdf)
+            os.makedirs(d, exist_ok=True)
+            _write(os.path.join(d, "vendor"), "0x10de\n")
+            _write(os.path.join(d, "class"), "0x030200\n")
+            name = g.device.name
+            path = os.path.join(d, "numa_node")
+            if name in gone:
+                if os.path.exists(path):
+                    os.remove(path)
+                continue
+            if name in raw:
+                _write(path, raw[name])
+                continue
+            node = numa[name] if name in numa else g.device.numa
+            _write(path, f"{-1 if node is None else node}\n")
+        for bdf, vendor, cls in ([(b, "0x10de", "0x068000") for b in self.switch_bdfs]
+                                 + [(b, "0x1014", "0x068000") for b in self.npu_bdfs]):
+            d = os.path.join(root, "bus", "pci", "devices", bdf)
+            os.makedirs(d, exist_ok=True)
+            _write(os.path.join(d, "vendor"), vendor + "\n")
+            _write(os.path.join(d, "class"), cls + "\n")
+        return root
+
+    # -- fault and event injection ------------------------------------------------
+    def _gpu(self, gpu: str | int) -> _FakeGpu:
+        return self.gpus[gpu] if isinstance(gpu, int) else self.by_name[gpu]
+
+    def lose(self, gpu: str | int) -> None:
+        """The GPU falls off the bus: every call about it fails with GPU_IS_LOST."""
+        self._gpu(gpu).lost = True
+
+    def restore(self, gpu: str | int) -> None:
+        self._gpu(gpu).lost = False
+
+    def inject_event(self, gpu: str | int | None, event_type: int, data: int = 0) -> int:
+        """Deliver an event to every event set the GPU is registered in for that type; returns how many.
+
+        `gpu=None` delivers an event whose device NVML cannot name.
+        """
+        g = self._gpu(gpu) if gpu is not None else None
+        delivered = 0
+        with self._lock:
+            for es in self._sets:
+                if es.freed:
+                    continue
+                if g is None:
+                    if es.registered:
+                        es.events.put(FakeEventData(device=None, eventType=event_type, eventData=data))
+                        delivered += 1
+                    continue
+                if es.registered.get(g.handle.index, 0) & event_type:
+                    es.events.put(FakeEventData(device=g.handle, eventType=event_type, eventData=data))
+                    delivered += 1
+        return delivered
+
+    def inject_xid(self, gpu: str | int | None, xid: int) -> int:
+        return self.inject_event(gpu, pynvml.nvmlEventTypeXidCriticalError, xid)
+
+    def inject_double_bit_ecc(self, gpu: str | int) -> int:
+        return self.inject_event(gpu, pynvml.nvmlEventTypeDoubleBitEccError, 0)
+
+    def fail_event_wait(self, code: int | None = pynvml.NVML_ERROR_UNKNOWN, times: int | None = None) -> None:
+        """Make `nvmlEventSetWait` fail at once with `code` (`times` calls, None: until cleared; code None clears)."""
+        with self._lock:
+            self._wait_failure = None if code is None else (code, times)
+
+    def registered(self, gpu: str | int) -> bool:
+        g = self._gpu(gpu)
+        with self._lock:
+            return any(not es.freed and g.handle.index in es.registered for es in self._sets)
+
+    def wait_registered(self, gpus: Iterable[str | int] | None = None, timeout: float = 5.0) -> bool:
+        """Block until the GPUs (default: all) are registered in a live event set."""
+        want = [self._gpu(g) for g in (gpus if gpus is not None else range(len(self.gpus)))]
+        deadline = time.monotonic() + timeout
+        with self._registered_cv:
+            while True:
+                live = [es for es in self._sets if not es.freed]
+                if all(any(g.handle.index in es.registered for es in live) for g in want):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._registered_cv.wait(left)
+
+    @property
+    def live_event_sets(self) -> int:
+        with self._lock:
+            return sum(1 for es in self._sets if not es.freed)
+
+    # -- helpers -----------------------------------------------------------------
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.calls[name] += 1
+
+    def _check_init(self) -> None:
+        if self.init_count <= 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _h(self, handle: Any) -> _FakeGpu:
+        self._check_init()
+        if not isinstance(handle, FakeHandle) or not 0 <= handle.index < len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        g = self.gpus[handle.index]
+        if g.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return g
+
+    def __getattr__(self, name: str) -> Any:
+        # Constants and error classes only; an NVML function we do not fake must not reach the real library.
+        if name.startswith(("NVML_", "NVMLError", "nvmlEventType", "NVML_NVLINK", "NVML_TOPOLOGY")):
+            return getattr(pynvml, name)
+        raise AttributeError(f"FakeNvml does not implement {name}")
+
+    # -- the pynvml API ------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self._count("nvmlInit")
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+        with self._lock:
+            self.init_count += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        self._count("nvmlShutdown")
+        with self._lock:
+            if self.init_count <= 0:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+            self.init_count -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._count("nvmlSystemGetDriverVersion")
+        self._check_init()
+        return "999.99.99-fake"
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._count("nvmlDeviceGetCount")
+        self._check_init()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self._count("nvmlDeviceGetHandleByIndex")
+        self._check_init()
+        if not 0 <= index < len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        g = self.gpus[index]
+        if g.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return g.handle
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeHandle:
+        self._count("nvmlDeviceGetHandleByUUID")
+        self._check_init()
+        u = uuid.decode() if isinstance(uuid, bytes) else uuid
+        g = self._by_uuid.get(u)
+        if g is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        if g.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return g.handle
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        self._count("nvmlDeviceGetUUID")
+        if handle is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._h(handle).uuid
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        self._count("nvmlDeviceGetIndex")
+        return self._h(handle).handle.index
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        self._count("nvmlDeviceGetName")
+        return self._h(handle).model
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        self._count("nvmlDeviceGetMinorNumber")
+        return self._h(handle).minor
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> FakePciInfo:
+        self._count("nvmlDeviceGetPciInfo")
+        return _pci(self._h(handle).bdf)
+
+    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Any = None) -> FakeMemory:
+        self._count("nvmlDeviceGetMemoryInfo")
+        total = self._h(handle).memory_mib * 1024 * 1024
+        return FakeMemory(total=total, free=total)
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        self._count("nvmlDeviceGetNvLinkState")
+        g = self._h(handle)
+        if not g.links and not g.down:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < g.hw_links:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return pynvml.NVML_FEATURE_ENABLED if link in g.links and link not in g.down else pynvml.NVML_FEATURE_DISABLED
+
+    def _active(self, handle: Any, link: int) -> tuple[str, int]:
+        g = self._h(handle)
+        if not 0 <= link < g.hw_links:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if link not in g.links or link in g.down:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return g.links[link]
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> FakePciInfo:
+        self._count("nvmlDeviceGetNvLinkRemotePciInfo")
+        return _pci(self._active(handle, link)[0])
+
+    nvmlDeviceGetNvLinkRemotePciInfo_v2 = nvmlDeviceGetNvLinkRemotePciInfo
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:  # type: ignore[no-redef]
+        self._count("nvmlDeviceGetNvLinkRemoteDeviceType")
+        if self.remote_device_type == "function-not-found":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._active(handle, link)[1]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: Any, b: Any) -> int:
+        self._count("nvmlDeviceGetTopologyCommonAncestor")
+        ga, gb = self._h(a), self._h(b)
+        if not self.common_ancestor:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if ga is gb:
+            return pynvml.NVML_TOPOLOGY_INTERNAL
+        return _LEVEL_TO_NVML[self.topology.link(ga.device.name, gb.device.name).level]
+
+    # events
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._count("nvmlEventSetCreate")
+        self._check_init()
+        es = _EventSet()
+        with self._lock:
+            self._sets.append(es)
+        return es
+
+    def nvmlEventSetFree(self, es: _EventSet) -> None:
+        self._count("nvmlEventSetFree")
+        with self._lock:
+            es.freed = True
+            self._registered_cv.notify_all()
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        self._count("nvmlDeviceGetSupportedEventTypes")
+        self._h(handle)
+        return self.supported_events
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, es: _EventSet) -> None:
+        self._count("nvmlDeviceRegisterEvents")
+        g = self._h(handle)
+        if g.device.name in self.register_error:
+            raise pynvml.NVMLError(self.register_error[g.device.name])
+        if not isinstance(es, _EventSet) or es.freed:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if event_types & ~self.supported_events:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._lock:
+            es.registered[g.handle.index] = es.registered.get(g.handle.index, 0) | event_types
+            self._registered_cv.notify_all()
+
+    def nvmlEventSetWait_v2(self, es: _EventSet, timeout_ms: int) -> FakeEventData:
+        self._count("nvmlEventSetWait")
+        with self._lock:
+            self.wait_times.append(time.monotonic())
+            failure = self._wait_failure
+            if failure is not None:
+                code, left = failure
+                if left is not None:
+                    self._wait_failure = (code, left - 1) if left > 1 else None
+        self._check_init()
+        if failure is not None:
+            raise pynvml.NVMLError(failure[0])
+        if es.freed:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        try:
+            return es.events.get(timeout=max(0, timeout_ms) / 1000.0)
+        except queue.Empty:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
+
+    nvmlEventSetWait = nvmlEventSetWait_v2
+
+
+def _write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="ascii") as f:
+        f.write(text)

@@ -1,0 +1,309 @@
+"""The real node: NVML GPUs + sysfs NICs in one topology, kept current by health and hot-plug.
+
+Why one source for both: the allocator scores GPU<->NIC pairs (GPUDirect
+RDMA wants the VF behind the GPU's own PCIe switch), so GPUs and NICs must
+live in one `NodeTopology` with a link for every pair. GPU<->GPU links come
+from NVML (`nvml_gpus.discover_gpus`); GPU<->NIC and NIC<->NIC links from
+the sysfs PCIe tree (`pcie.pcie_level`), the same rule NVML uses for GPU
+pairs. The NUMA nodes and their distances come from
+`devices/system/node/node*/distance`.
+
+`watch()` runs two things until cancelled and merges them:
+- the GPU health monitor (`NvmlGpuSource.watch_health`): health changes are
+  applied to the topology being served and published at once;
+- the hot-plug watcher (`udev_hotplug.HotplugWatcher`): udev events (and NIC
+  link changes when `nic_link_health` is on) trigger a debounced full
+  rescan in a worker thread; a changed topology is published, with the GPU
+  health overlay kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocator.topology import HEALTHY, Device, Link, LinkLevel, NodeTopology
+
+from .base import Publish
+from .errors import TopologyError
+from .pcie import pci_path, pcie_level
+from .sysfs_nics import NicInventory, discover_nics, link_states
+from .udev_hotplug import SUBSYSTEMS, HotplugWatcher, MonitorFactory, UdevMonitor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HardwareOptions:
+    sysfs_root: str = "/sys"
+    dev_root: str = "/dev"
+    proc_root: str = "/proc"
+    #: NVML failing at start stops the daemon (True, as NVIDIA's plugin) or serves zero GPUs (False).
+    fail_on_init_error: bool = True
+    #: A pynvml-like module (tests: `fake_nvml`); None imports `pynvml` when GPUs are discovered.
+    nvml: Any = None
+    gpus: bool = True
+    nics: bool = True
+    #: `NodeTopology.source`; default: the host name.
+    node_name: str | None = None
+    #: GPU health: `plugin.health.GpuHealthOptions`, or the config's `gpus.health` mapping; None: defaults.
+    gpu_health: Any = None
+    #: NICs on a down link (the PF's, for VFs) are Unhealthy, and link changes trigger a rescan.
+    nic_link_health: bool = False
+    link_poll_s: float = 2.0
+    #: Watch udev for hot-plug; without it (or where udev is unavailable) rescan every `rescan_interval_s`.
+    hotplug: bool = True
+    debounce_s: float = 0.5
+    max_debounce_s: float = 5.0
+    rescan_interval_s: float = 30.0
+    #: With udev working, also rescan this often (None: only on events).
+    periodic_rescan_s: float | None = None
+    monitor_factory: MonitorFactory = field(default=UdevMonitor, compare=False)
+
+
+def read_numa(sysfs_root: str) -> tuple[list[int], dict[tuple[int, int], int]]:
+    """NUMA nodes and distances from `devices/system/node/node<N>/distance` (empty when absent)."""
+    base = os.path.join(sysfs_root, "devices", "system", "node")
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return [], {}
+    nodes = sorted(int(e[4:]) for e in entries if e.startswith("node") and e[4:].isdigit())
+    distances: dict[tuple[int, int], int] = {}
+    for n in nodes:
+        try:
+            with open(os.path.join(base, f"node{n}", "distance"), encoding="ascii") as f:
+                row = [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue
+        if len(row) == len(nodes):
+            for m, d in zip(nodes, row):
+                distances[(n, m)] = d
+    return nodes, distances
+
+
+def pcie_links(sysfs_root: str, gpus: Sequence[Device], nics: Sequence[Device]) -> dict[tuple[str, str], Link]:
+    """GPU<->NIC and NIC<->NIC links from the sysfs PCIe tree.
+
+    A node with hundreds of VFs has tens of thousands of NIC pairs, and each
+    `pcie_level` call resolves two sysfs paths. But the level only depends on
+    what each function hangs off (its chain of bridges) and its NUMA node, and
+    all VFs of a PF share both; so functions are grouped by (parent chain,
+    NUMA node) and `pcie_level` is asked once per pair of groups, with one
+    member of each as its representative.
+    """
+    def key(d: Device) -> tuple:
+        path = pci_path(sysfs_root, d.pci_bus_id) if d.pci_bus_id else None
+        return (path[:-1] if path else ("unknown", d.name), d.numa)
+
+    groups: dict[tuple, list[Device]] = {}
+    nic_group: dict[str, tuple] = {}
+    for n in nics:
+        k = key(n)
+        groups.setdefault(k, []).append(n)
+        nic_group[n.name] = k
+    rep = {k: members[0] for k, members in groups.items()}
+    cache: dict[tuple, LinkLevel] = {}
+
+    def level(a: Device, ka: tuple, b: Device, kb: tuple) -> LinkLevel:
+        ck = (ka, kb) if a.kind == b.kind else (a.name, kb)
+        if ck not in cache:
+            ra = rep[ka] if a.kind == b.kind else a
+            rb = rep[kb]
+            if ra.name == rb.name:  # same group: ask about two of its members
+                rb = groups[kb][1] if groups[kb][0].name == ra.name else groups[kb][0]
+            cache[ck] = pcie_level(sysfs_root, ra.pci_bus_id or ra.name, rb.pci_bus_id or rb.name, ra.numa, rb.numa)
+            if a.kind == b.kind:
+                cache[(kb, ka)] = cache[ck]
+        return cache[ck]
+
+    links: dict[tuple[str, str], Link] = {}
+    for g in gpus:
+        if not g.pci_bus_id:
+            continue
+        for n in nics:
+            links[(g.name, n.name)] = Link(level=level(g, (), n, nic_group[n.name]))
+    for i, n in enumerate(nics):
+        kn = nic_group[n.name]
+        for m in nics[i + 1:]:
+            links[(n.name, m.name)] = Link(level=level(n, kn, m, nic_group[m.name]))
+    return links
+
+
+class HardwareSource:
+    """`TopologySource` for a real node (GPUs through NVML, NICs through sysfs)."""
+
+    def __init__(self, options: HardwareOptions | None = None):
+        self.options = options or HardwareOptions()
+        o = self.options
+        self.node_name = o.node_name or socket.gethostname()
+        parts = [p for p, on in (("nvml", o.gpus), ("sysfs", o.nics)) if on]
+        self.description = "+".join(parts or ["none"]) + (f" (sysfs {o.sysfs_root})" if o.sysfs_root != "/sys" else "")
+        self._gpu_source: Any = None
+        if o.gpus:
+            from .nvml_gpus import NvmlGpuSource  # noqa: PLC0415 - keeps NIC-only use free of NVML/health
+
+            kw: dict[str, Any] = {}
+            if isinstance(o.gpu_health, Mapping):  # the config file's `gpus.health` section
+                from ..health import GpuHealthOptions  # noqa: PLC0415
+
+                kw["health"] = GpuHealthOptions.from_config(o.gpu_health)
+            elif o.gpu_health is not None:
+                kw["health"] = o.gpu_health
+            self._gpu_source = NvmlGpuSource(o.nvml, o.sysfs_root, o.fail_on_init_error, **kw)
+        #: The last NIC scan (offered NICs and why others were not offered), for `discover`.
+        self.nic_inventory: NicInventory = NicInventory(devices=())
+        self._base: NodeTopology | None = None
+        self._gpu_health: dict[str, str] = {}
+        self.watcher: HotplugWatcher | None = None
+
+    @property
+    def gpu_init_error(self) -> Exception | None:
+        """Why GPUs were not discovered (only with fail_on_init_error=False)."""
+        return getattr(self._gpu_source, "init_error", None)
+
+    # -- discovery -----------------------------------------------------------
+    def discover(self) -> NodeTopology:
+        """One full discovery (blocking): GPUs, NICs, every link, NUMA nodes."""
+        o = self.options
+        gpus: list[Device] = []
+        links: dict[tuple[str, str], Link] = {}
+        if self._gpu_source is not None:
+            gpus, gpu_links = self._gpu_source.discover()
+            links.update(gpu_links)
+        nics: Sequence[Device] = ()
+        if o.nics:
+            previous = self._base.nics if self._base is not None else ()
+            self.nic_inventory = discover_nics(o.sysfs_root, o.dev_root, o.proc_root,
+                                               link_health=o.nic_link_health, previous=previous)
+            nics = self.nic_inventory.devices
+        links.update(pcie_links(o.sysfs_root, gpus, nics))
+        nodes, distances = read_numa(o.sysfs_root)
+        try:
+            return NodeTopology.build([*gpus, *nics], links, source=self.node_name,
+                                      numa_nodes=nodes, numa_distances=distances)
+        except ValueError as e:
+            raise TopologyError(self.description, f"discovered devices do not form a topology: {e}") from None
+
+    def load(self) -> NodeTopology:
+        topology = self.discover()
+        self._base = topology
+        self._gpu_health = {}
+        log.info("discovered %d GPUs and %d NICs (%d network functions not offered)",
+                 len(topology.gpus), len(topology.nics), len(self.nic_inventory.skipped))
+        return topology
+
+    # -- watching ----------------------------------------------------------------
+    def _with_health(self, base: NodeTopology) -> NodeTopology:
+        names = {d.name for d in base.gpus}
+        overlay = {k: v for k, v in self._gpu_health.items() if k in names}
+        return base.with_health(overlay) if overlay else base
+
+    def _link_states(self) -> Mapping[str, str]:
+        base = self._base
+        return link_states(self.options.sysfs_root, base.nics) if base is not None else {}
+
+    async def watch(self, current: NodeTopology, publish: Publish) -> None:
+        o = self.options
+        if self._base is None:
+            self._base = current
+        served = {"topology": current}
+
+        def emit(topology: NodeTopology) -> None:
+            if topology != served["topology"]:
+                served["topology"] = topology
+                publish(topology)
+
+        def on_rescan(base: NodeTopology) -> None:
+            old_gpus = self._base.gpus if self._base is not None else ()
+            self._base = base
+            if [g.uuid for g in old_gpus] != [g.uuid for g in base.gpus]:
+                self._restart_health()
+            emit(self._with_health(base))
+
+        def on_health(health: Mapping[str, str]) -> None:
+            # Healthy again means "no override": the rescan's own health stands.
+            for name, h in health.items():
+                if h == HEALTHY:
+                    self._gpu_health.pop(name, None)
+                else:
+                    self._gpu_health[name] = h
+            if self._base is not None:
+                emit(self._with_health(self._base))
+
+        self._on_health = on_health
+        self.watcher = HotplugWatcher(
+            self.discover, on_rescan,
+            debounce_s=o.debounce_s, max_delay_s=o.max_debounce_s,
+            fallback_interval_s=o.rescan_interval_s, periodic_s=o.periodic_rescan_s,
+            link_poll_s=o.link_poll_s if (o.nic_link_health and o.nics) else None,
+            link_states=self._link_states, use_udev=o.hotplug, monitor_factory=o.monitor_factory,
+            subsystems=SUBSYSTEMS,
+        )
+        self._health_task: asyncio.Task | None = None
+        self._restart_health()
+        try:
+            await self.watcher.run(self._base)
+        finally:
+            await self._stop_health()
+
+    def _restart_health(self) -> None:
+        """(Re)start the GPU health monitor for the current GPUs (after a GPU hot-plug too)."""
+        if self._gpu_source is None or self._base is None:
+            return
+        old = getattr(self, "_health_task", None)
+        if old is not None:
+            old.cancel()
+        self._gpu_health = {k: v for k, v in self._gpu_health.items() if k in {g.name for g in self._base.gpus}}
+        self._health_task = asyncio.get_running_loop().create_task(
+            self._gpu_source.watch_health(self._base.gpus, self._on_health), name="gpu-health")
+
+    async def _stop_health(self) -> None:
+        task = getattr(self, "_health_task", None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def inject_hotplug(self, action: str, subsystem: str, sys_path: str = "") -> None:
+        """Tests and demos: feed a udev-style event (thread-safe)."""
+        if self.watcher is None:
+            raise RuntimeError("watch() is not running")
+        self.watcher.inject((action, subsystem, sys_path))
+
+
+def hardware_source_from_options(
+    *,
+    sysfs_root: str = "/sys",
+    dev_root: str = "/dev",
+    proc_root: str = "/proc",
+    fail_on_init_error: bool = True,
+    nvml: Any = None,
+    gpus: bool = True,
+    nics: bool = True,
+    node_name: str | None = None,
+    gpu_health: Any = None,
+    nic_link_health: bool = False,
+    link_poll_s: float = 2.0,
+    hotplug: bool = True,
+    rescan_interval_s: float = 30.0,
+    periodic_rescan_s: float | None = None,
+    debounce_s: float = 0.5,
+    monitor_factory: Callable[..., Any] | None = None,
+) -> HardwareSource:
+    """The one call the daemon/CLI needs: a `HardwareSource` from `serve`/`discover` options."""
+    kw: dict[str, Any] = {}
+    if monitor_factory is not None:
+        kw["monitor_factory"] = monitor_factory
+    return HardwareSource(HardwareOptions(
+        sysfs_root=sysfs_root, dev_root=dev_root, proc_root=proc_root, fail_on_init_error=fail_on_init_error,
+        nvml=nvml, gpus=gpus, nics=nics, node_name=node_name, gpu_health=gpu_health,
+        nic_link_health=nic_link_health, link_poll_s=link_poll_s, hotplug=hotplug,
+        rescan_interval_s=rescan_interval_s, periodic_rescan_s=periodic_rescan_s, debounce_s=debounce_s, **kw,
+    ))

@@ -1,0 +1,375 @@
+"""GPU discovery through NVML: devices, NUMA nodes and the link between every pair.
+
+Why we count links ourselves: NVIDIA's plugin (go-gpuallocator) re-queries
+every link of device i for every peer j (n*(n-1)*18*2 NVML calls, seconds on
+a big node, and on every GetPreferredAllocation), and it does not handle
+NVSwitch at all: on HGX/DGX every NVLink ends at a switch, so every pair got
+0 NVLinks. Here each device's links are read ONCE, at start (and on
+hot-plug), never inside an RPC:
+
+- `nvmlDeviceGetNvLinkState` for each of the NVML_NVLINK_MAX_LINKS links;
+  for each active one, the remote end's PCI address
+  (`nvmlDeviceGetNvLinkRemotePciInfo_v2`) and, where the driver has it, its
+  type (`nvmlDeviceGetNvLinkRemoteDeviceType`).
+- A link whose remote end is a GPU counts towards that pair (`NV<n>`,
+  bridges and hybrid cube-mesh). If the two ends disagree the higher count
+  wins, with a warning (NVIDIA's code panics there, k8s-device-plugin #448).
+- A link whose remote end is an NVSwitch makes the GPU part of the switch
+  fabric: every pair of fabric GPUs gets `NV<n>`, n = the smaller of the two
+  GPUs' switch-link counts (a GPU with a failed link drags only its own
+  pairs down). Without the remote type (old driver or bindings), a remote end
+  that is no GPU is taken as a switch, unless sysfs shows it as a non-NVIDIA
+  device (an IBM POWER9 NPU: NVLink to the CPU, which is no GPU pair at all).
+- The PCIe level of a pair comes from `nvmlDeviceGetTopologyCommonAncestor`
+  (INTERNAL/SINGLE -> PIX, MULTIPLE -> PXB, HOSTBRIDGE -> PHB, NODE -> NODE,
+  SYSTEM -> SYS); where NVML cannot say, from the sysfs PCIe tree
+  (`pcie.pcie_level`).
+
+NUMA node: `<sysfs_root>/bus/pci/devices/<bdf>/numa_node` with the NVML bus
+id in the kernel's form (`00000000:3B:00.0` -> `0000:3b:00.0`); -1 or
+unreadable -> None (no TopologyInfo), as NVIDIA's plugin does.
+
+The `nvml` module is injected (default: `import pynvml`), so the same code
+runs against `fake_nvml.FakeNvml` in CI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from allocator.topology import HEALTHY, UNHEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
+
+from ..health import GpuHealthOptions, watch_gpu_health
+from .base import Publish
+from .errors import TopologyError
+from .pcie import normalize_bdf, pcie_level, read_numa_node
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DiscoveryError",
+    "GpuLinks",
+    "NvmlGpuSource",
+    "discover_gpus",
+    "import_nvml",
+    "nvml_level",
+]
+
+SOURCE = "nvml"
+_INIT_FIX = (
+    "run on a node with the NVIDIA driver and expose libnvidia-ml.so.1 to the container "
+    "(nvidia runtime class or CDI), or set --fail-on-init-error=false to serve zero GPUs on nodes without them"
+)
+
+
+class DiscoveryError(TopologyError):
+    """NVML could not be used at start; `str()` says which call failed and how to fix it."""
+
+    def __init__(self, message: str, fix: str | None = None, code: int | None = None):
+        self.code = code
+        super().__init__(SOURCE, message, fix=fix)
+
+
+def import_nvml() -> Any:
+    """The real bindings (`nvidia-ml-py`, imported as `pynvml`)."""
+    try:
+        import pynvml  # noqa: PLC0415 - optional at import time: simulated nodes never need it
+    except ImportError as e:
+        raise DiscoveryError(f"cannot import pynvml: {e}", fix="pip install nvidia-ml-py") from None
+    return pynvml
+
+
+def _err_code(nvml: Any, e: BaseException) -> int | None:
+    return getattr(e, "value", None)
+
+
+def _str(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def nvml_level(nvml: Any, value: int) -> LinkLevel | None:
+    """NVML_TOPOLOGY_* -> our level (None for a value we do not know)."""
+    table = {
+        getattr(nvml, "NVML_TOPOLOGY_INTERNAL", 0): LinkLevel.PIX,
+        getattr(nvml, "NVML_TOPOLOGY_SINGLE", 10): LinkLevel.PIX,
+        getattr(nvml, "NVML_TOPOLOGY_MULTIPLE", 20): LinkLevel.PXB,
+        getattr(nvml, "NVML_TOPOLOGY_HOSTBRIDGE", 30): LinkLevel.PHB,
+        getattr(nvml, "NVML_TOPOLOGY_NODE", 40): LinkLevel.NODE,
+        getattr(nvml, "NVML_TOPOLOGY_SYSTEM", 50): LinkLevel.SYS,
+    }
+    return table.get(value)
+
+
+@dataclass
+class GpuLinks:
+    """What one GPU's NVLinks reach, read once per discovery."""
+
+    #: Links per remote GPU, by the remote's PCI address (kernel form).
+    gpus: Counter[str] = field(default_factory=Counter)
+    #: Links that end at an NVSwitch.
+    switch: int = 0
+    #: Active links to anything else (an IBM NPU, unknown ends); not GPU pairs.
+    other: int = 0
+
+
+@dataclass
+class _Gpu:
+    index: int
+    handle: Any
+    uuid: str
+    bdf: str
+    device: Device
+
+
+def _pci_vendor(sysfs_root: str, bdf: str) -> str | None:
+    try:
+        with open(f"{sysfs_root}/bus/pci/devices/{bdf}/vendor", encoding="ascii") as f:
+            return f.read().strip().lower().removeprefix("0x")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+class _LinkReader:
+    """Reads each GPU's NVLinks once; remembers a driver that lacks the remote-type call."""
+
+    def __init__(self, nvml: Any, sysfs_root: str, gpu_bdfs: set[str]):
+        self.nvml = nvml
+        self.sysfs_root = sysfs_root
+        self.gpu_bdfs = gpu_bdfs
+        self.max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
+        self.remote_pci = (getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None)
+                           or getattr(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", None))
+        self.remote_type = getattr(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+        self.no_type_codes = {getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+                              getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)}
+        self.t_gpu = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0)
+        self.t_switch = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
+        self.t_npu = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_IBMNPU", 1)
+
+    def _kind(self, handle: Any, link: int, bdf: str) -> str:
+        """`gpu`, `switch` or `other` for the remote end of an active link."""
+        if self.remote_type is not None:
+            try:
+                t = self.remote_type(handle, link)
+            except self.nvml.NVMLError as e:
+                if _err_code(self.nvml, e) in self.no_type_codes:
+                    log.info("NVML has no nvmlDeviceGetNvLinkRemoteDeviceType; telling switches by bus id")
+                    self.remote_type = None
+                t = None
+            if t == self.t_gpu:
+                return "gpu"
+            if t == self.t_switch:
+                return "switch"
+            if t == self.t_npu:
+                return "other"
+        # No usable type: a known GPU's address is a GPU; an NVIDIA (or unseen) device that is
+        # not a GPU is an NVSwitch; anything else (IBM NPU, vendor 1014) is not a GPU pair.
+        if bdf in self.gpu_bdfs:
+            return "gpu"
+        vendor = _pci_vendor(self.sysfs_root, bdf)
+        return "switch" if vendor in (None, "10de") else "other"
+
+    def read(self, handle: Any) -> GpuLinks:
+        out = GpuLinks()
+        if self.remote_pci is None:
+            return out
+        for link in range(self.max_links):
+            try:
+                if not self.nvml.nvmlDeviceGetNvLinkState(handle, link):
+                    continue
+            except self.nvml.NVMLError:
+                continue  # no NVLink at all, or beyond this GPU's link count
+            try:
+                bdf = normalize_bdf(_str(self.remote_pci(handle, link).busId))
+            except (self.nvml.NVMLError, ValueError) as e:
+                log.debug("NVLink remote PCI info unreadable", extra={"link": link, "reason": str(e)})
+                continue
+            kind = self._kind(handle, link, bdf)
+            if kind == "gpu":
+                out.gpus[bdf] += 1
+            elif kind == "switch":
+                out.switch += 1
+            else:
+                out.other += 1
+        return out
+
+
+def _query(nvml: Any, fn: Callable[..., Any], *args: Any) -> tuple[Any, int | None]:
+    """(value, None) or (None, NVML error code)."""
+    try:
+        return fn(*args), None
+    except nvml.NVMLError as e:
+        return None, _err_code(nvml, e)
+
+
+def _read_gpu(nvml: Any, index: int, sysfs_root: str) -> _Gpu | None:
+    lost = getattr(nvml, "NVML_ERROR_GPU_IS_LOST", 15)
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _str(nvml.nvmlDeviceGetUUID(handle))
+        pci = nvml.nvmlDeviceGetPciInfo(handle)
+        bdf = normalize_bdf(_str(pci.busId))
+    except nvml.NVMLError as e:
+        log.error("GPU skipped: NVML cannot identify it (no handle, UUID or PCI address)",
+                  extra={"index": index, "reason": str(e)})
+        return None
+    except ValueError as e:
+        log.error("GPU skipped: unreadable PCI address", extra={"index": index, "reason": str(e)})
+        return None
+    errors: list[int | None] = []
+    name, err = _query(nvml, nvml.nvmlDeviceGetName, handle)
+    errors.append(err)
+    minor, err = _query(nvml, nvml.nvmlDeviceGetMinorNumber, handle)
+    errors.append(err)
+    mem, err = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+    errors.append(err)
+    health = UNHEALTHY if lost in errors else HEALTHY
+    if health == UNHEALTHY:
+        log.warning("GPU is lost; advertised Unhealthy", extra={"index": index, "uuid": uuid})
+    device = Device(
+        name=f"GPU{index}", kind=DeviceKind.GPU, index=index,
+        numa=read_numa_node(sysfs_root, bdf), health=health, uuid=uuid, pci_bus_id=bdf,
+        model=_str(name) if name is not None else None,
+        minor=int(minor) if minor is not None else None,
+        memory_mib=int(mem.total) // (1024 * 1024) if mem is not None else None,
+    )
+    return _Gpu(index, handle, uuid, bdf, device)
+
+
+def _pair(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)
+
+
+def _discover_initialised(nvml: Any, sysfs_root: str) -> tuple[list[Device], dict[tuple[str, str], Link]]:
+    try:
+        count = nvml.nvmlDeviceGetCount()
+    except nvml.NVMLError as e:
+        raise DiscoveryError(f"nvmlDeviceGetCount failed: {e}", fix=_INIT_FIX, code=_err_code(nvml, e)) from None
+    gpus = [g for g in (_read_gpu(nvml, i, sysfs_root) for i in range(count)) if g is not None]
+    reader = _LinkReader(nvml, sysfs_root, {g.bdf for g in gpus})
+    links_of = {g.device.name: reader.read(g.handle) for g in gpus}
+
+    links: dict[tuple[str, str], Link] = {}
+    for i, a in enumerate(gpus):
+        la = links_of[a.device.name]
+        for b in gpus[i + 1:]:
+            lb = links_of[b.device.name]
+            ab, ba = la.gpus.get(b.bdf, 0), lb.gpus.get(a.bdf, 0)
+            if ab != ba:
+                log.warning("asymmetric NVLink count; keeping the higher", extra={
+                    "pair": f"{a.device.name}-{b.device.name}", "a_to_b": ab, "b_to_a": ba})
+            n = max(ab, ba)
+            if la.switch and lb.switch:
+                n += min(la.switch, lb.switch)
+            level = _pcie(nvml, a, b, sysfs_root)
+            links[_pair(a.device.name, b.device.name)] = Link(nvlinks=n, level=level)
+    return [g.device for g in gpus], links
+
+
+def _pcie(nvml: Any, a: _Gpu, b: _Gpu, sysfs_root: str) -> LinkLevel:
+    try:
+        level = nvml_level(nvml, nvml.nvmlDeviceGetTopologyCommonAncestor(a.handle, b.handle))
+    except nvml.NVMLError as e:
+        log.debug("NVML has no common ancestor for this pair; reading sysfs",
+                  extra={"pair": f"{a.device.name}-{b.device.name}", "reason": str(e)})
+        level = None
+    if level is None:
+        level = pcie_level(sysfs_root, a.bdf, b.bdf, a.device.numa, b.device.numa)
+    return level
+
+
+def discover_gpus(nvml: Any = None, sysfs_root: str = "/sys") -> tuple[list[Device], dict[tuple[str, str], Link]]:
+    """Discover every GPU NVML sees and the link of every GPU pair.
+
+    Returns (devices named `GPU<nvml index>`, {(name, name): Link}) with every
+    pair present. Initialises NVML and shuts it down again (NVML counts
+    references, so a running health monitor is not disturbed). Raises
+    DiscoveryError when NVML cannot be initialised or enumerated; a single
+    GPU NVML cannot identify is skipped with an error log, a lost one is
+    reported Unhealthy.
+    """
+    nvml = nvml if nvml is not None else import_nvml()
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:
+        raise DiscoveryError(f"cannot initialise NVML: {e}", fix=_INIT_FIX, code=_err_code(nvml, e)) from None
+    try:
+        return _discover_initialised(nvml, sysfs_root)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as e:  # pragma: no cover - nothing useful to do
+            log.debug("nvmlShutdown failed", extra={"reason": str(e)})
+
+
+class NvmlGpuSource:
+    """The GPUs of this node as a `TopologySource` (GPUs only; NICs come from sysfs).
+
+    `load()` discovers once (blocking; the daemon runs it in a thread).
+    `watch()` runs the GPU health monitor and publishes `current.with_health(...)`
+    at once on every change. The hardware source that adds NICs composes
+    `discover()` and `watch_health()` instead.
+    """
+
+    def __init__(
+        self,
+        nvml: ModuleType | Any | None = None,
+        sysfs_root: str = "/sys",
+        fail_on_init_error: bool = True,
+        health: GpuHealthOptions | None = None,
+    ):
+        self._nvml = nvml
+        self.sysfs_root = sysfs_root
+        self.fail_on_init_error = fail_on_init_error
+        self.health = health if health is not None else GpuHealthOptions()
+        self.description = f"nvml (sysfs {sysfs_root})"
+        #: The error that made the last discovery serve zero GPUs (fail_on_init_error=False), if any.
+        self.init_error: DiscoveryError | None = None
+
+    @property
+    def nvml(self) -> Any:
+        if self._nvml is None:
+            self._nvml = import_nvml()
+        return self._nvml
+
+    def discover(self) -> tuple[list[Device], dict[tuple[str, str], Link]]:
+        """`discover_gpus`, with `fail_on_init_error=False` turning a DiscoveryError into zero GPUs."""
+        try:
+            result = discover_gpus(self.nvml, self.sysfs_root)
+        except DiscoveryError as e:
+            if self.fail_on_init_error:
+                raise
+            self.init_error = e
+            log.error("GPU discovery failed; serving zero GPUs (fail-on-init-error is off)",
+                      extra={"reason": str(e)})
+            return [], {}
+        self.init_error = None
+        return result
+
+    def load(self) -> NodeTopology:
+        devices, links = self.discover()
+        return NodeTopology.build(devices, links, source=SOURCE)
+
+    async def watch_health(self, gpus: Sequence[Device], on_health: Callable[[Mapping[str, str]], None]) -> None:
+        """Run GPU health until cancelled; `on_health({gpu name: health})` on the loop at each change."""
+        if not gpus or self.init_error is not None or not self.health.enabled:
+            await asyncio.Event().wait()
+            return
+        await watch_gpu_health(self.nvml, gpus, self.health, on_health)
+
+    async def watch(self, current: NodeTopology, publish: Publish) -> None:
+        state = {"topology": current}
+
+        def on_health(health: Mapping[str, str]) -> None:
+            new = state["topology"].with_health(health)
+            if new != state["topology"]:
+                state["topology"] = new
+                publish(new)
+
+        await self.watch_health(current.gpus, on_health)

@@ -1,0 +1,65 @@
+"""The real-hardware path end to end: `serve --config` on a generated sysfs node with NVML answered
+from the same node description (`fakeNvml`), registered with the kubelet stand-in."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from plugin.cli import cli
+from plugin.testing.sysfs_fixture import write_demo
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture
+def node(tmp_path):
+    return write_demo(str(tmp_path / "node"))
+
+
+async def test_serve_config_registers_gpus_and_nic_pools(kubelet, start_daemon, plugin_dir, node):
+    start_daemon("--config", f"{node.root}/config.yaml", "--device-plugin-path", plugin_dir, raw=True)
+    expected = {GPU, "topo.dev/sriov_vfio", "topo.dev/rdma_ib", "topo.dev/sriov_a", "topo.dev/sriov_b",
+                "topo.dev/pf_mlx", "example.com/pf_other"}
+    await kubelet.wait_for(lambda: expected <= {r for r, c in kubelet.clients.items() if c.devices}, timeout=20)
+    topo = node.topology
+    gpus = kubelet.devices(GPU)
+    assert {g.uuid: (g.numa,) for g in topo.gpus} == {i: d.numa for i, d in gpus.items()}
+    # the vfio VF: its IOMMU group's device node and the vfio container, under the node's dev root
+    (vf,) = kubelet.devices("topo.dev/sriov_vfio")
+    resp = await kubelet.allocate("topo.dev/sriov_vfio", [vf])
+    group = topo.device(vf).attributes["iommu_group"]
+    assert sorted(d.container_path for d in resp.devices) == sorted([f"/dev/vfio/{group}", "/dev/vfio/vfio"])
+    assert resp.envs["PCIDEVICE_TOPO_DEV_SRIOV_VFIO"] == vf
+    info = json.loads(resp.envs["PCIDEVICE_TOPO_DEV_SRIOV_VFIO_INFO"])
+    assert info[vf]["vfio"]["dev-mount"] == f"/dev/vfio/{group}"
+    # the RDMA port: its uverbs/umad char devices
+    (ib,) = kubelet.devices("topo.dev/rdma_ib")
+    resp = await kubelet.allocate("topo.dev/rdma_ib", [ib])
+    assert any(d.container_path.startswith("/dev/infiniband/uverbs") for d in resp.devices)
+    # GPUs: NVIDIA_VISIBLE_DEVICES with the UUIDs, and their /dev/nvidia<minor> where the dev root has them
+    pick = await kubelet.preferred(GPU, sorted(gpus), [], 2)
+    resp = await kubelet.allocate(GPU, pick)
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(pick)
+    # the host uplink carrying the default route is never offered
+    offered = {i for r in kubelet.clients for i in kubelet.devices(r)}
+    uplink = node.function("eno1").bdf
+    assert uplink.startswith("0000:") and uplink not in offered
+    assert "0000:43:00.1" in offered  # its sibling port without the route is offered
+
+
+def test_discover_config_prints_gpus_nics_pools_and_links(node):
+    r = CliRunner().invoke(cli, ["discover", "--config", f"{node.root}/config.yaml"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "8 GPUs" in out and "Resource nvidia.com/gpu" in out
+    for pool in ("topo.dev/sriov_vfio", "topo.dev/rdma_ib", "topo.dev/sriov_a", "example.com/pf_other"):
+        assert f"Resource {pool}" in out
+    row = next(line for line in out.splitlines() if line.startswith("GPU0 "))
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["GPU0", "GPU1"])
+    cols = header.split()
+    # the GPU<->NIC part of the matrix: GPU0 sits on the same PCIe switch as the first ConnectX card
+    nic_col = cols.index("0000:1c:00.2")
+    assert row.split()[1 + nic_col] == "PIX"

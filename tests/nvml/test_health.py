@@ -1,0 +1,324 @@
+"""GPU health: XID/ECC events mark GPUs unhealthy at once, GPUs recover, failures back off, stop joins.
+
+Real (small) time values: the monitor is a real thread on the fake NVML's
+blocking event wait. Nothing here sleeps through a quiet period to prove a
+GPU went unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+
+import pynvml
+import pytest
+
+from allocator.topology import HEALTHY, UNHEALTHY
+from plugin.health import DEFAULT_IGNORED_XIDS, Backoff, GpuHealthMonitor, GpuHealthOptions
+from plugin.sources import load_simulated
+from plugin.sources.fake_nvml import FakeNvml
+from plugin.sources.nvml_gpus import NvmlGpuSource
+
+FAST = {"wait_timeout_ms": 20}
+
+
+class Recorder:
+    """Collects `on_change` snapshots (called in the monitor thread) with their arrival time."""
+
+    def __init__(self) -> None:
+        self.q: queue.Queue = queue.Queue()
+        self.seen: list[tuple[float, dict[str, str]]] = []
+
+    def __call__(self, health: dict[str, str]) -> None:
+        self.q.put((time.monotonic(), dict(health)))
+
+    def wait_for(self, pred, timeout: float = 3.0) -> tuple[float, dict[str, str]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            for t, h in self.seen:
+                if pred(h):
+                    self.seen.remove((t, h))
+                    return t, h
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no health change matched within {timeout}s; seen {self.seen}")
+            try:
+                self.seen.append(self.q.get(timeout=left))
+            except queue.Empty:
+                pass
+
+
+@pytest.fixture
+def rig(tmp_path):
+    """(fake, gpus, start(options) -> (monitor, recorder)); monitors are stopped afterwards."""
+    fake = FakeNvml(load_simulated("dgx-a100"))
+    gpus = NvmlGpuSource(nvml=fake, sysfs_root=str(tmp_path)).load().gpus
+    monitors: list[GpuHealthMonitor] = []
+
+    def start(options: GpuHealthOptions | None = None, register: bool = True):
+        rec = Recorder()
+        mon = GpuHealthMonitor(fake, gpus, options or GpuHealthOptions(**FAST), rec)
+        monitors.append(mon)
+        mon.start()
+        if register:
+            assert fake.wait_registered(timeout=5.0), "monitor never registered the GPUs"
+        return mon, rec
+
+    yield fake, gpus, start
+    for m in monitors:
+        assert m.stop(timeout=5.0)
+    assert fake.init_count == 0, "the monitor must shut NVML down"
+    assert fake.live_event_sets == 0, "the monitor must free its event set"
+
+
+def unhealthy(name):
+    return lambda h: h[name] == UNHEALTHY
+
+
+def healthy(name):
+    return lambda h: h[name] == HEALTHY
+
+
+def test_critical_xid_marks_the_gpu_unhealthy_at_once(rig):
+    fake, _, start = rig
+    mon, rec = start(GpuHealthOptions(quiet_period_s=60, **FAST))
+    t0 = time.monotonic()
+    assert fake.inject_xid("GPU3", 79) == 1
+    t, h = rec.wait_for(unhealthy("GPU3"))
+    assert t - t0 < 0.1, f"took {t - t0:.3f}s"
+    assert [n for n, v in h.items() if v != HEALTHY] == ["GPU3"]
+    assert mon.health()["GPU3"] == UNHEALTHY
+
+
+def test_default_ignored_xids_change_nothing(rig):
+    fake, _, start = rig
+    mon, rec = start()
+    assert DEFAULT_IGNORED_XIDS == {13, 31, 43, 45, 68, 109}
+    for xid in sorted(DEFAULT_IGNORED_XIDS):
+        fake.inject_xid("GPU0", xid)
+    fake.inject_xid("GPU1", 48)  # events are handled in order: once GPU1 is marked, the ignored ones were seen
+    _, h = rec.wait_for(unhealthy("GPU1"))
+    assert h["GPU0"] == HEALTHY
+    assert mon.stats.ignored_events == len(DEFAULT_IGNORED_XIDS)
+
+
+def test_configured_xids(rig):
+    fake, _, start = rig
+    opts = GpuHealthOptions.from_config({"ignoredXids": [79], "criticalXids": [13]}, **FAST)
+    mon, rec = start(opts)
+    fake.inject_xid("GPU0", 79)  # ignored now
+    fake.inject_xid("GPU1", 31)  # no longer in the (replaced) ignore list
+    fake.inject_xid("GPU2", 13)  # critical wins
+    _, h = rec.wait_for(lambda h: h["GPU1"] == h["GPU2"] == UNHEALTHY)
+    assert h["GPU0"] == HEALTHY
+
+
+def test_double_bit_ecc_marks_unhealthy_unless_disabled(rig):
+    fake, _, start = rig
+    _, rec = start()
+    fake.inject_double_bit_ecc("GPU5")
+    rec.wait_for(unhealthy("GPU5"))
+
+
+def test_double_bit_ecc_can_be_ignored(rig):
+    fake, _, start = rig
+    mon, rec = start(GpuHealthOptions(double_bit_ecc=False, **FAST))
+    assert fake.inject_double_bit_ecc("GPU5") == 0  # not even registered for it
+    fake.inject_xid("GPU6", 79)
+    _, h = rec.wait_for(unhealthy("GPU6"))
+    assert h["GPU5"] == HEALTHY
+
+
+def test_recovers_after_the_quiet_period(rig):
+    fake, _, start = rig
+    mon, rec = start(GpuHealthOptions(quiet_period_s=0.3, **FAST))
+    fake.inject_xid("GPU2", 79)
+    t1, _ = rec.wait_for(unhealthy("GPU2"))
+    t2, h = rec.wait_for(healthy("GPU2"), timeout=3.0)
+    assert 0.3 - 0.05 <= t2 - t1 < 1.5
+    assert all(v == HEALTHY for v in h.values())
+    assert mon.stats.recoveries == 1
+
+
+def test_a_new_event_restarts_the_quiet_period(rig):
+    fake, _, start = rig
+    _, rec = start(GpuHealthOptions(quiet_period_s=0.4, **FAST))
+    fake.inject_xid("GPU2", 79)
+    t1, _ = rec.wait_for(unhealthy("GPU2"))
+    time.sleep(0.25)
+    t_again = time.monotonic()
+    fake.inject_xid("GPU2", 94)
+    t2, _ = rec.wait_for(healthy("GPU2"), timeout=3.0)
+    assert t2 - t_again >= 0.4 - 0.05, "recovered before a full quiet period after the last event"
+
+
+def test_no_recovery_while_nvml_does_not_answer(rig):
+    fake, _, start = rig
+    mon, rec = start(GpuHealthOptions(quiet_period_s=0.1, probe_interval_s=0.05, **FAST))
+    fake.lose("GPU4")
+    fake.inject_xid("GPU4", 79)
+    rec.wait_for(unhealthy("GPU4"))
+    time.sleep(0.5)  # several quiet periods: still lost
+    assert mon.health()["GPU4"] == UNHEALTHY
+    fake.restore("GPU4")
+    rec.wait_for(healthy("GPU4"), timeout=3.0)
+
+
+def test_a_gpu_without_a_handle_at_start_is_unhealthy_then_recovers(rig):
+    fake, _, start = rig
+    fake.lose("GPU1")
+    mon, rec = start(GpuHealthOptions(quiet_period_s=0.1, probe_interval_s=0.05, **FAST), register=False)
+    rec.wait_for(unhealthy("GPU1"))
+    fake.restore("GPU1")
+    rec.wait_for(healthy("GPU1"), timeout=3.0)
+    assert fake.wait_registered(["GPU1"], timeout=3.0), "a recovered GPU is watched again"
+
+
+def test_registration_errors(rig):
+    fake, _, start = rig
+    fake.register_error = {"GPU2": pynvml.NVML_ERROR_UNKNOWN, "GPU3": pynvml.NVML_ERROR_NOT_SUPPORTED}
+    mon, rec = start(GpuHealthOptions(quiet_period_s=60, **FAST), register=False)
+    _, h = rec.wait_for(unhealthy("GPU2"))
+    assert h["GPU3"] == HEALTHY  # too old to deliver events: logged, not condemned (as NVIDIA)
+
+
+def test_an_event_on_a_gpu_nvml_cannot_name_condemns_all(rig):
+    fake, _, start = rig
+    _, rec = start()
+    fake.inject_xid(None, 79)
+    _, h = rec.wait_for(lambda h: all(v == UNHEALTHY for v in h.values()))
+
+
+def test_failing_wait_backs_off_and_never_spins(rig):
+    fake, _, start = rig
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN)  # until cleared
+    mon, _ = start(GpuHealthOptions(**FAST))  # default backoff: 0.5 s, doubling, 30 s cap
+    time.sleep(0.5)
+    calls = fake.calls["nvmlEventSetWait"]
+    assert 1 <= calls <= 3, f"{calls} waits in 0.5 s"
+    # A failing wait says nothing about the GPUs: they answer, so they stay healthy.
+    assert all(v == HEALTHY for v in mon.health().values())
+
+
+def test_backoff_doubles_up_to_the_cap_then_resumes(rig):
+    fake, _, start = rig
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN)
+    mon, rec = start(GpuHealthOptions(backoff_initial_s=0.02, backoff_max_s=0.08, **FAST))
+    deadline = time.monotonic() + 3
+    while len(mon.stats.backoffs) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert mon.stats.backoffs[:5] == [0.02, 0.04, 0.08, 0.08, 0.08]
+    assert mon.stats.rebuilds >= 1  # the event set is rebuilt after repeated failures
+    fake.fail_event_wait(None)
+    assert fake.wait_registered(timeout=3.0)
+    fake.inject_xid("GPU7", 79)
+    rec.wait_for(unhealthy("GPU7"))
+
+
+def test_a_timeout_that_does_not_wait_is_no_busy_loop(rig):
+    fake, _, start = rig
+    fake.fail_event_wait(pynvml.NVML_ERROR_TIMEOUT)  # returns "timeout" at once, forever
+    start(GpuHealthOptions(wait_timeout_ms=200))
+    time.sleep(0.5)
+    assert fake.calls["nvmlEventSetWait"] <= 3
+
+
+def test_quiet_operation_is_one_wait_per_timeout(rig):
+    fake, _, start = rig
+    start(GpuHealthOptions(wait_timeout_ms=100))
+    before = fake.calls["nvmlEventSetWait"]
+    time.sleep(0.5)
+    assert fake.calls["nvmlEventSetWait"] - before <= 7
+
+
+def test_failing_wait_probes_the_gpus_and_marks_only_the_lost_one(rig):
+    fake, _, start = rig
+    mon, rec = start(GpuHealthOptions(quiet_period_s=60, **FAST))
+    fake.lose("GPU0")  # no event says so; only the probe after a failed wait can tell
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN, times=1)
+    _, h = rec.wait_for(unhealthy("GPU0"))
+    assert [n for n, v in h.items() if v != HEALTHY] == ["GPU0"]
+    assert mon.stats.wait_errors == 1
+
+
+def test_nvml_init_failing_in_the_thread_condemns_all_until_it_works(rig):
+    fake, _, start = rig
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    mon, rec = start(GpuHealthOptions(quiet_period_s=0.05, backoff_initial_s=0.05, backoff_max_s=0.05, **FAST),
+                     register=False)
+    rec.wait_for(lambda h: all(v == UNHEALTHY for v in h.values()))
+    fake.init_error = None
+    rec.wait_for(lambda h: all(v == HEALTHY for v in h.values()), timeout=3.0)
+
+
+def test_stop_joins_within_about_one_wait_timeout(rig):
+    fake, _, start = rig
+    mon, _ = start(GpuHealthOptions(wait_timeout_ms=200))
+    t = time.monotonic()
+    assert mon.stop(timeout=2.0)
+    assert time.monotonic() - t < 0.2 + 0.3
+    assert not mon.running
+
+
+def test_stop_during_a_long_backoff_is_prompt(rig):
+    fake, _, start = rig
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN)
+    mon, _ = start(GpuHealthOptions(backoff_initial_s=10, backoff_max_s=30, **FAST))
+    deadline = time.monotonic() + 3
+    while not mon.stats.backoffs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t = time.monotonic()
+    assert mon.stop(timeout=2.0)
+    assert time.monotonic() - t < 0.5
+
+
+def test_backoff_sequence():
+    b = Backoff(0.5, 30)
+    assert [b.next() for _ in range(9)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
+    b.reset()
+    assert b.next() == 0.5
+
+
+def test_options_from_config():
+    assert GpuHealthOptions.from_config(None) == GpuHealthOptions()
+    o = GpuHealthOptions.from_config({"disabled": True, "ignoredXids": [1, 2], "criticalXids": [2],
+                                      "recoveryQuietPeriodSeconds": 5})
+    assert (o.enabled, o.ignored_xids, o.critical_xids, o.quiet_period_s) == (False, {1, 2}, {2}, 5.0)
+    assert o.is_critical_xid(2) and not o.is_critical_xid(1) and o.is_critical_xid(79)
+    assert GpuHealthOptions.from_config({"ignoredXids": []}).is_critical_xid(13)
+    with pytest.raises(ValueError):
+        GpuHealthOptions(quiet_period_s=-1)
+
+
+async def test_source_watch_publishes_health_changes_at_once(tmp_path):
+    fake = FakeNvml(load_simulated("dgx-h100"))
+    src = NvmlGpuSource(nvml=fake, sysfs_root=str(tmp_path),
+                        health=GpuHealthOptions(quiet_period_s=0.3, wait_timeout_ms=20))
+    current = src.load()
+    published: asyncio.Queue = asyncio.Queue()
+    task = asyncio.create_task(src.watch(current, published.put_nowait))
+    assert await asyncio.to_thread(fake.wait_registered, None, 5.0)
+    t0 = time.monotonic()
+    fake.inject_xid("GPU6", 79)
+    topo = await asyncio.wait_for(published.get(), 2)
+    assert time.monotonic() - t0 < 0.1
+    assert topo.device("GPU6").health == UNHEALTHY
+    assert topo.links == current.links and [d.name for d in topo.devices] == [d.name for d in current.devices]
+    topo = await asyncio.wait_for(published.get(), 3)
+    assert topo.device("GPU6").health == HEALTHY and topo == current
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fake.init_count == 0 and fake.live_event_sets == 0
+
+
+async def test_disabled_health_starts_no_thread(tmp_path):
+    fake = FakeNvml(load_simulated("dgx-h100"))
+    src = NvmlGpuSource(nvml=fake, sysfs_root=str(tmp_path), health=GpuHealthOptions(enabled=False))
+    task = asyncio.create_task(src.watch(src.load(), lambda _: None))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fake.calls["nvmlEventSetCreate"] == 0
