@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from allocator import NodeTopology, Policy
 
+from .filewatch import watch_file
 from .metrics import HealthServer, Metrics
 from .registration import KUBELET_SOCKET, PluginDirWatcher, RegistrationError, register, socket_identity
 from .resources import Resource, ResourceOptions, build_resources
@@ -43,6 +44,8 @@ class DaemonOptions:
     #: Slow re-check while kubelet.sock is missing, in case an inotify event is lost.
     kubelet_poll_s: float = 5.0
     register_timeout_s: float = 15.0
+    #: The config file to watch; a valid change is applied live (see `reload_resources`).
+    config_path: str | None = None
 
 
 def default_policy_factory(name: str, options: dict) -> Policy:
@@ -59,11 +62,13 @@ class Daemon:
         resource_options: ResourceOptions,
         policy_factory: PolicyFactory = default_policy_factory,
         metrics: Metrics | None = None,
+        reload_resources: Callable[[], ResourceOptions] | None = None,
     ):
         self.source = source
         self.options = options
         self.resource_options = resource_options
         self.policy_factory = policy_factory
+        self.reload_resources = reload_resources
         self.metrics = metrics or Metrics()
         self.servers: dict[str, ResourceServer] = {}
         self.topology: NodeTopology | None = None
@@ -117,6 +122,9 @@ class Daemon:
                 asyncio.create_task(self.source.watch(self.topology, self._publish), name="source-watch"),
                 asyncio.create_task(self._heartbeat(), name="heartbeat"),
             ]
+            if self.options.config_path and self.reload_resources:
+                self._tasks.append(asyncio.create_task(
+                    watch_file(self.options.config_path, self._reload_config), name="config-watch"))
             self.kick()
             self.started.set()
             stopper = asyncio.create_task(stop.wait())
@@ -190,6 +198,19 @@ class Daemon:
                 self.servers[name] = ResourceServer(self.options.plugin_dir, r, self.policy_factory, self.metrics)
                 log.info("resource added", extra={"resource": name})
                 self.kick()
+
+    async def _reload_config(self) -> None:
+        """Apply a changed config file: pools and policies change live; streams of unchanged resources stay."""
+        try:
+            options = await asyncio.to_thread(self.reload_resources)
+        except ValueError as e:  # includes click.UsageError and ConfigError
+            log.warning("config change ignored; keeping the running configuration",
+                        extra={"config": self.options.config_path, "reason": str(e)})
+            return
+        log.info("config changed", extra={"config": self.options.config_path})
+        self.resource_options = options
+        if self.topology is not None:
+            await self._apply_topology(self.topology)
 
     def _count_devices(self, r: Resource) -> None:
         healthy = sum(1 for d in r.devices if d.device.healthy)

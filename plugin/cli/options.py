@@ -9,9 +9,10 @@ message naming where it came from.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -22,6 +23,8 @@ from ..gpu_allocate import DEVICE_LIST_STRATEGIES, GpuAllocateOptions
 from ..resources import NicPool, ResourceOptions
 from ..sources.base import TopologySource
 from ..sources.errors import TopologyError
+
+log = logging.getLogger(__name__)
 
 
 def _camel(name: str) -> str:
@@ -87,6 +90,9 @@ class Settings:
 
     values: dict[str, Any]
     config: Config
+    #: what was given on the command line / environment, to resolve again when the config file changes
+    params: dict[str, Any] = field(default_factory=dict)
+    ctx: click.Context | None = None
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -106,7 +112,7 @@ def resolve(ctx: click.Context, params: dict[str, Any]) -> Settings:
             values[name] = config.flags[key]
     if isinstance(values.get("device_list_strategy"), str):
         values["device_list_strategy"] = [s.strip() for s in values["device_list_strategy"].split(",") if s.strip()]
-    return Settings(values, config)
+    return Settings(values, config, dict(params), ctx)
 
 
 def _nic_pools(settings: Settings) -> tuple[NicPool, ...]:
@@ -143,6 +149,32 @@ def resource_options(settings: Settings) -> ResourceOptions:
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+
+
+def resource_reloader(settings: Settings) -> Callable[[], ResourceOptions]:
+    """Re-read the config file and rebuild the resource options (flags and env still win).
+
+    Raises ValueError with the same file/field/fix message start-up would give.
+    """
+
+    def reload() -> ResourceOptions:
+        try:
+            fresh = resolve(settings.ctx, settings.params)
+            options = resource_options(fresh)
+        except click.UsageError as e:
+            raise ValueError(e.format_message()) from None
+        stale = sorted(k for k in _SOURCE_OPTIONS if fresh.values.get(k) != settings.values.get(k))
+        if stale:
+            log.warning("config change needs a restart for some options; applied the rest",
+                        extra={"options": ", ".join(stale)})
+        return options
+
+    return reload
+
+
+#: Options that decide how devices are discovered: they take effect at the next start only.
+_SOURCE_OPTIONS = ("simulate", "sysfs_root", "dev_root", "proc_root", "fail_on_init_error", "fake_nvml",
+                   "nic_link_health")
 
 
 def make_source(settings: Settings) -> TopologySource:

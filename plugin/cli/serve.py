@@ -9,7 +9,15 @@ import click
 
 from ..daemon import Daemon, DaemonOptions
 from ..logging_setup import setup_logging
-from .options import Settings, common_options, make_source, option, pass_settings, resource_options
+from .options import (
+    Settings,
+    common_options,
+    make_source,
+    option,
+    pass_settings,
+    resource_options,
+    resource_reloader,
+)
 
 
 @click.command()
@@ -37,7 +45,13 @@ def serve(settings: Settings, kubelet_root_dir: str, device_plugin_path: str | N
     plugin_dir = extra["device_plugin_path"] or os.path.join(extra["kubelet_root_dir"], "device-plugins")
     source = make_source(settings)
     options = resource_options(settings)
-    daemon = Daemon(source, DaemonOptions(plugin_dir=plugin_dir, metrics_address=extra["metrics_address"]), options)
+    daemon = Daemon(
+        source,
+        DaemonOptions(plugin_dir=plugin_dir, metrics_address=extra["metrics_address"],
+                      config_path=settings.config.path),
+        options,
+        reload_resources=resource_reloader(settings),
+    )
     try:
         code = asyncio.run(daemon.run())
     except Exception as e:  # discovery failures at start: a clear message, exit 1

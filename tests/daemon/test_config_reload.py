@@ -1,0 +1,55 @@
+"""The config file is watched: a valid change is applied live, an invalid one is logged and ignored."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import yaml
+
+from plugin.testing.sysfs_fixture import write_demo
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture
+def node(tmp_path):
+    return write_demo(str(tmp_path / "node"))
+
+
+def rewrite(path: str, change) -> None:
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    change(data)
+    with open(path + ".tmp", "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    os.replace(path + ".tmp", path)  # as a ConfigMap update or an editor does
+
+
+async def test_pool_changes_apply_without_touching_other_streams(kubelet, start_daemon, plugin_dir, node):
+    config = f"{node.root}/config.yaml"
+    daemon = start_daemon("--config", config, "--device-plugin-path", plugin_dir, raw=True)
+    await kubelet.wait_for(lambda: {GPU, "example.com/pf_other", "topo.dev/pf_mlx"} <= set(kubelet.clients)
+                           and all(c.devices for c in kubelet.clients.values()), timeout=20)
+    gpu_client = kubelet.client(GPU)
+    gone = kubelet.client("example.com/pf_other")
+
+    def rename(data):
+        for pool in data["nics"]["resourceList"]:
+            if pool["resourceName"] == "pf_other":
+                pool["resourceName"] = "uplinks"
+
+    rewrite(config, rename)
+    await kubelet.wait_for(lambda: bool(kubelet.devices("example.com/uplinks")), timeout=5)
+    await kubelet.wait_for(lambda: gone.devices == {}, timeout=5)  # the old pool said goodbye with an empty list
+    assert len(kubelet.registrations_of(GPU)) == 1 and kubelet.client(GPU) is gpu_client
+    assert not gpu_client.stopped
+
+    # an invalid change: logged, ignored, everything keeps serving
+    rewrite(config, lambda data: data["flags"].update({"deviceIdStrategy": "serial"}))
+    await asyncio.sleep(1.0)
+    log = daemon.log()
+    assert "config change ignored" in log and "flags.deviceIdStrategy" in log and config in log
+    assert daemon.proc.poll() is None
+    assert kubelet.devices("example.com/uplinks") and len(kubelet.registrations_of(GPU)) == 1
