@@ -1,0 +1,67 @@
+"""Preferred-allocation policies (pure: no I/O, no gRPC, no global state).
+
+`get_policy(name, **options)` builds one by name:
+
+| name | for | objective (best first) |
+|---|---|---|
+| `numa-first` | GPUs (default) | span, W(S), W(A\\S), lowest positions |
+| `link-first` | GPUs | W(S), span, W(A\\S), lowest positions |
+| `spread` | NICs (default) | span, most ports, W(S), W(A\\S), lowest positions |
+| `packed` | NICs | span, fewest ports, W(S), W(A\\S), lowest positions |
+
+Options: `time_budget_s` (float seconds or None, default 0.020) and
+`exact_limit` (int, default 16); see `SearchPolicy`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..request import Policy
+from .base import DEFAULT_EXACT_LIMIT, DEFAULT_TIME_BUDGET_S, SearchPolicy
+from .gpu import LinkFirstPolicy, NumaFirstPolicy
+from .nic import PackedPolicy, SpreadPolicy
+
+_REGISTRY: dict[str, type[SearchPolicy]] = {
+    "numa-first": NumaFirstPolicy,
+    "link-first": LinkFirstPolicy,
+    "spread": SpreadPolicy,
+    "packed": PackedPolicy,
+}
+
+#: Every valid policy name, defaults first (GPU, then NIC).
+POLICY_NAMES: tuple[str, ...] = ("numa-first", "link-first", "spread", "packed")
+DEFAULT_GPU_POLICY = "numa-first"
+DEFAULT_NIC_POLICY = "spread"
+_OPTIONS = ("time_budget_s", "exact_limit")
+
+
+def get_policy(name: str, **options: Any) -> Policy:
+    """The policy called `name`, configured by `options`.
+
+    Raises ValueError naming the valid choices for an unknown name or option.
+    """
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"unknown allocation policy {name!r}: valid policies are {', '.join(POLICY_NAMES)}")
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) for policy {name!r}: {', '.join(unknown)}; valid options are {', '.join(_OPTIONS)}"
+        )
+    return cls(**options)
+
+
+__all__ = [
+    "DEFAULT_EXACT_LIMIT",
+    "DEFAULT_GPU_POLICY",
+    "DEFAULT_NIC_POLICY",
+    "DEFAULT_TIME_BUDGET_S",
+    "POLICY_NAMES",
+    "LinkFirstPolicy",
+    "NumaFirstPolicy",
+    "PackedPolicy",
+    "SearchPolicy",
+    "SpreadPolicy",
+    "get_policy",
+]

@@ -1,0 +1,75 @@
+"""The request flow every policy shares: validate, fast paths, search, report.
+
+Why one template: the spec's guarantees (bad requests rejected the same way,
+exactly k valid IDs, must-include honoured, deterministic answers, exact up to
+16 candidates and time-bounded above) must hold for every policy; a policy
+only says which objective it maximises.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..request import Allocation, AllocationRequest
+from ..scoring import left_score_idx, score_idx, span_idx
+from ..topology import DeviceGraph
+from .problem import Objective, Problem
+from .search import solve
+
+#: Default search budget above the exact range (the spec's 20 ms).
+DEFAULT_TIME_BUDGET_S = 0.020
+#: Up to this many available devices the answer is always the proven optimum.
+DEFAULT_EXACT_LIMIT = 16
+
+
+@dataclass(frozen=True)
+class SearchPolicy:
+    """Base for all policies. Options (all keyword, see `get_policy`):
+
+    - `time_budget_s`: wall-clock budget of one request when more than
+      `exact_limit` devices are available; None means no limit (always exact).
+    - `exact_limit`: up to this many available devices no budget applies.
+    """
+
+    time_budget_s: float | None = DEFAULT_TIME_BUDGET_S
+    exact_limit: int = DEFAULT_EXACT_LIMIT
+
+    #: Set by each subclass (a plain class attribute, so `Policy.name` reads it).
+    name = "base"
+
+    def __post_init__(self) -> None:
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise ValueError(f"time_budget_s must be positive or None, got {self.time_budget_s!r}")
+        if self.exact_limit < 0:
+            raise ValueError(f"exact_limit must be >= 0, got {self.exact_limit!r}")
+
+    def objective(self, problem: Problem) -> Objective:
+        raise NotImplementedError
+
+    def allocate(self, graph: DeviceGraph, request: AllocationRequest) -> Allocation:
+        started = time.perf_counter()
+        request.validate(graph)
+        p = Problem.build(graph, request)
+        if p.size == len(p.available):
+            return self._result(p, p.available, True, 0)
+        if p.size == len(p.must):
+            return self._result(p, p.must, True, 0)
+        deadline = None
+        if self.time_budget_s is not None and len(p.available) > self.exact_limit:
+            deadline = started + self.time_budget_s
+        found = solve(p, self.objective(p), deadline)
+        return self._result(p, found.members, found.optimal, found.explored)
+
+    def _result(self, p: Problem, members: tuple[int, ...], optimal: bool, explored: int) -> Allocation:
+        chosen = sorted(members)
+        g = p.graph
+        return Allocation(
+            ids=tuple(g.ids[i] for i in chosen),
+            span=span_idx(g, chosen),
+            score=score_idx(g, chosen),
+            left_score=left_score_idx(g, p.available, chosen),
+            optimal=optimal,
+            explored=explored,
+            policy=self.name,
+        )
