@@ -203,12 +203,21 @@ def make_source(settings: Settings) -> TopologySource:
     )
 
 
+def startup_error(e: TopologyError) -> click.ClickException:
+    """Exit 1 when the hardware could not be read (a runtime failure), 2 for a bad topology file."""
+    from ..sources.nvml_gpus import DiscoveryError
+
+    if isinstance(e, DiscoveryError):
+        return click.ClickException(str(e))
+    return click.UsageError(str(e))
+
+
 def load_now(source: TopologySource):
-    """Discover once for the one-shot commands; a bad topology is a usage error (exit 2)."""
+    """Discover once for the one-shot commands."""
     try:
         return source.load()
     except TopologyError as e:
-        raise click.UsageError(str(e)) from None
+        raise startup_error(e) from None
 
 
 def pass_settings(fn: Callable) -> Callable:

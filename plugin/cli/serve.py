@@ -9,6 +9,7 @@ import click
 
 from ..daemon import Daemon, DaemonOptions
 from ..logging_setup import setup_logging
+from ..sources.errors import TopologyError
 from .options import (
     Settings,
     common_options,
@@ -17,6 +18,7 @@ from .options import (
     pass_settings,
     resource_options,
     resource_reloader,
+    startup_error,
 )
 
 
@@ -54,10 +56,8 @@ def serve(settings: Settings, kubelet_root_dir: str, device_plugin_path: str | N
     )
     try:
         code = asyncio.run(daemon.run())
-    except Exception as e:  # discovery failures at start: a clear message, exit 1
-        from ..sources.errors import TopologyError
-
-        if isinstance(e, TopologyError):
-            raise click.UsageError(str(e)) from None
+    except TopologyError as e:  # discovery failures at start: a clear message
+        raise startup_error(e) from None
+    except OSError as e:  # e.g. the device-plugin directory cannot be created
         raise click.ClickException(f"{type(e).__name__}: {e}") from None
     ctx.exit(code)

@@ -1,0 +1,32 @@
+"""Start-up without a GPU driver: a clear runtime error (exit 1), or zero GPUs when asked to carry on."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from plugin.cli import cli
+from plugin.testing.sysfs_fixture import write_demo
+
+
+@pytest.fixture
+def no_driver():
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return
+    pynvml.nvmlShutdown()
+    pytest.skip("this machine has a working NVIDIA driver; the test is about machines without one")
+
+
+def test_nvml_missing_is_exit_1_with_the_fix(no_driver, tmp_path):
+    node = write_demo(str(tmp_path / "n"))
+    args = ["discover", "--sysfs-root", node.sysfs_root, "--dev-root", node.dev_root, "--proc-root", node.proc_root]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1
+    assert "cannot initialise NVML" in r.output and "--fail-on-init-error=false" in r.output
+    r = CliRunner().invoke(cli, [*args, "--no-fail-on-init-error"])
+    assert r.exit_code == 0, r.output
+    assert "0 GPUs" in r.output and "Resource topo.dev/nic" in r.output
