@@ -419,8 +419,6 @@ def test_rendered_config_drives_discover(helm, tmp_path, name, node):
         [sys.executable, "-m", "plugin", "discover", "--config", str(path), "--simulate", node],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
     )
-    if proc.returncode != 0 and "is not supported by this build" in proc.stderr:
-        pytest.skip(f"the daemon cannot parse NIC pools yet: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
