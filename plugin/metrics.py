@@ -101,7 +101,7 @@ class HealthServer:
         if path == "/healthz":
             age = time.monotonic() - self.metrics.heartbeat
             ok = age < self.stale_after
-            body = f"ok\n" if ok else f"event loop stalled for {age:.1f}s\n"
+            body = "ok\n" if ok else f"event loop stalled for {age:.1f}s\n"
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
             return [body.encode()]
         if path == "/readyz":

@@ -115,7 +115,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             seen = -1
             while True:
                 async with self._changed:
-                    await self._changed.wait_for(lambda: self._closing or self._version != seen)
+                    await self._changed.wait_for(lambda seen=seen: self._closing or self._version != seen)
                     if self._closing:
                         if self._send_empty_on_close:
                             yield api_pb2.ListAndWatchResponse()

@@ -17,6 +17,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from ..yamlpath import field_path, line_of
+
 
 class ConfigError(ValueError):
     """An unusable config file; the message names file, field and fix."""
@@ -35,13 +37,6 @@ def schema() -> dict[str, Any]:
     return json.loads(resources.files("plugin.config").joinpath("config-v1.json").read_text())
 
 
-def _where(path: list[Any]) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
-
-
 def parse_config(text: str, path: str) -> Config:
     try:
         data = yaml.safe_load(text)
@@ -57,7 +52,9 @@ def parse_config(text: str, path: str) -> Config:
     if errors:
         e = errors[0]
         hint = "remove or rename the unknown field" if e.validator == "additionalProperties" else "see docs/configuration.md"
-        raise ConfigError(f"{path}: field {_where(list(e.absolute_path))}: {e.message} (fix: {hint})")
+        where = list(e.absolute_path)
+        line = line_of(yaml.compose(text), where)
+        raise ConfigError(f"{path}:{line}: field {field_path(where)}: {e.message} (fix: {hint})")
     return Config(
         path=path,
         flags=dict(data.get("flags") or {}),

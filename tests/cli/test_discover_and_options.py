@@ -72,7 +72,7 @@ def test_bad_config_exits_2_naming_file_field_and_fix(tmp_path):
     cfg.write_text("version: v1\nflags:\n  deviceIdStrategy: serial\n")
     r = CliRunner().invoke(cli, ["discover", "--simulate", "dgx-a100", "--config", str(cfg)])
     assert r.exit_code == 2
-    assert str(cfg) in r.output and "flags.deviceIdStrategy" in r.output and "fix:" in r.output
+    assert f"{cfg}:3: field flags.deviceIdStrategy" in r.output and "fix:" in r.output
     cfg.write_text("version: v1\nflag:\n  deviceIdStrategy: index\n")
     r = CliRunner().invoke(cli, ["discover", "--simulate", "dgx-a100", "--config", str(cfg)])
     assert r.exit_code == 2 and "remove or rename the unknown field" in r.output

@@ -21,6 +21,7 @@ import yaml
 
 from allocator.topology import HEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
 
+from ...yamlpath import field_path, line_of
 from ..errors import TopologyError
 from .topo_matrix import load_topo_matrix
 
@@ -32,36 +33,6 @@ KIND = "SimulatedNode"
 def schema() -> dict[str, Any]:
     text = resources.files("plugin.sources").joinpath("schema/simulated-node-v1.json").read_text()
     return json.loads(text)
-
-
-def _line_of(root: yaml.Node | None, path: list[Any]) -> int | None:
-    """1-based line of the YAML node at `path` (mapping keys / sequence indexes), best effort."""
-    node = root
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in path:
-        if isinstance(node, yaml.MappingNode):
-            nxt = None
-            for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode) and k.value == part:
-                    nxt = v
-                    line = k.start_mark.line + 1
-                    break
-            node = nxt
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-        if node is None:
-            break
-    return line
-
-
-def _field(path: list[Any]) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out or "(top level)"
 
 
 def load_node_yaml(text: str, source: str) -> NodeTopology:
@@ -85,7 +56,7 @@ def load_node_yaml(text: str, source: str) -> NodeTopology:
         fix = "see docs/simulated-nodes.md for the format"
         if e.validator == "additionalProperties":
             fix = "remove or rename the unknown field; " + fix
-        raise TopologyError(source, f"field {_field(path)}: {e.message}", line=_line_of(root, path), fix=fix)
+        raise TopologyError(source, f"field {field_path(path)}: {e.message}", line=line_of(root, path), fix=fix)
     return _build(data, root, source)
 
 
@@ -95,13 +66,13 @@ def _build(data: Mapping[str, Any], root: yaml.Node | None, source: str) -> Node
     devices: list[Device] = []
 
     def err(path: list[Any], msg: str, fix: str | None = None) -> TopologyError:
-        return TopologyError(source, f"field {_field(path)}: {msg}", line=_line_of(root, path), fix=fix)
+        return TopologyError(source, f"field {field_path(path)}: {msg}", line=line_of(root, path), fix=fix)
 
     if "topoMatrix" in data:
         try:
             base = load_topo_matrix(data["topoMatrix"], f"{source} (topoMatrix)", name)
         except TopologyError as e:
-            line = _line_of(root, ["topoMatrix"])
+            line = line_of(root, ["topoMatrix"])
             raise TopologyError(source, f"field topoMatrix: {e.detail}",
                                 line=(line + (e.line or 0)) if line else None, fix=e.fix) from None
         devices = list(base.devices)
