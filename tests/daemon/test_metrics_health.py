@@ -52,7 +52,12 @@ async def test_ready_only_once_registered_and_metrics_count(plugin_dir, start_da
     await kubelet.start()
     try:
         await kubelet.wait_for(lambda: bool(kubelet.devices(GPU)), timeout=10)
-        code, body = await get(base + "/readyz")
+        # Register returns to us just after the kubelet's stream starts: ready follows within moments
+        for _ in range(50):
+            code, body = await get(base + "/readyz")
+            if code == 200:
+                break
+            await asyncio.sleep(0.1)
         assert code == 200 and GPU in body
         await kubelet.preferred(GPU, [str(i) for i in range(8)], [], 2)
         await kubelet.restart()
