@@ -11,5 +11,11 @@ stage "python environment"
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
+# The real-kubelet stages: Debian containerd/runc, Go modules, the kubelet harness, the kubelet
+# binary and local OCI images (all cached under ~/.cache/topo-device-plugin; prints stage times).
+# Helm, the strict manifest decoder and hadolint are built by the chart/image tests themselves.
+stage "kubelet harness, kubelet, containerd (cached)"
+bash scripts/kubelet_tests.sh prepare
+
 stage "tests"
 exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The real-kubelet tests: build everything they need (cached), then run them.
+#
+#   scripts/kubelet_tests.sh prepare        # Debian packages, Go modules, harness, kubelet, images
+#   scripts/kubelet_tests.sh test [ARGS]    # pytest tests/kubelet tests/e2e [ARGS]
+#   scripts/kubelet_tests.sh [all] [ARGS]   # both (default)
+#
+# Caches live under $TOPO_DP_CACHE_DIR (default ~/.cache/topo-device-plugin): Go modules,
+# Go's build cache, and the built binaries/images keyed by their inputs. A warm rerun
+# builds nothing. Each stage prints its wall time. Needs root (apt-get, mount namespaces).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-all}
+case "$mode" in prepare|test|all) shift || true ;; *) mode=all ;; esac
+
+python=${PYTHON:-python3}
+TIMES=()
+stage_start() { STAGE="$1"; STAGE_T0=$(date +%s.%N); printf '\n== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
+stage_end() {
+  local dt; dt=$(awk -v a="$STAGE_T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+  TIMES+=("$(printf '%-28s %7ss' "$STAGE" "$dt")")
+  printf '== %s: %ss\n' "$STAGE" "$dt"
+}
+summary() { [ ${#TIMES[@]} -gt 0 ] || return 0; printf '\n== kubelet_tests.sh stage times\n'; printf '   %s\n' "${TIMES[@]}"; }
+trap summary EXIT
+
+venv() {
+  if [ ! -x .venv/bin/python ]; then
+    stage_start "python environment"
+    "$python" -m venv .venv
+    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    stage_end
+  fi
+}
+
+debian_packages() {
+  stage_start "debian packages"
+  local missing=() pkg
+  for pkg in containerd runc busybox-static util-linux; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    # Install only; never start the packaged containerd service (the tests run their own).
+    local guard=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+    [ -n "$guard" ] && rm -f /usr/sbin/policy-rc.d
+  else
+    echo "already installed: containerd runc busybox-static"
+  fi
+  containerd --version; runc --version | head -1
+  stage_end
+}
+
+build() {
+  stage_start "$1"
+  .venv/bin/python tests/kubelet/kubelet_build.py "$2"
+  stage_end
+}
+
+prepare() {
+  venv
+  debian_packages
+  build "go modules" modules
+  build "build harness" harness
+  build "build kubelet" kubelet
+  build "e2e images" images
+}
+
+run_tests() {
+  venv
+  stage_start "pytest tests/kubelet tests/e2e"
+  # Under this script the e2e must not skip for a missing containerd: prepare installs it.
+  TOPO_DP_REQUIRE_KUBELET_E2E=${TOPO_DP_REQUIRE_KUBELET_E2E:-1} \
+    .venv/bin/python -m pytest tests/kubelet tests/e2e "$@"
+  stage_end
+}
+
+case "$mode" in
+  prepare) prepare ;;
+  test) run_tests "$@" ;;
+  all) prepare; run_tests "$@" ;;
+esac

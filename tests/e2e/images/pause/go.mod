@@ -1,0 +1,3 @@
+module topo-e2e/pause
+
+go 1.22

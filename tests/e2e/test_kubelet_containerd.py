@@ -1,0 +1,163 @@
+"""A real kubelet (the release pinned in tests/kubelet/harness/go.mod) on Debian's containerd,
+with our daemon serving a simulated DGX A100 (8 GPUs, NUMA 0: 0-3, NUMA 1: 4-7).
+
+The whole run happens once (tests/e2e/kubelet_e2e.py, in a private mount namespace);
+each test below checks one part of what it observed.
+
+Needs root, containerd, runc, ctr and busybox-static (scripts/kubelet_tests.sh installs
+them). Where they are missing the tests skip with the reason printed, except under
+TOPO_DP_REQUIRE_KUBELET_E2E=1 (CI), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import kubelet_build
+import pytest
+from kubelet_testlib import (
+    GPU,
+    PYTHON,
+    ROOT,
+    discover,
+    preferred_offline,
+    unshare_prefix,
+)
+
+# The first test of a fresh machine builds the harness/kubelet (minutes on 2 cores;
+# scripts/kubelet_tests.sh prepare does it up front). Each run below has its own timeout.
+pytestmark = pytest.mark.timeout(1500)
+
+SIMULATE = "dgx-a100"
+REQUIRED_TOOLS = ("containerd", "runc", "ctr", "unshare", "mount")
+
+
+def _unavailable(reason: str):
+    if os.environ.get("TOPO_DP_REQUIRE_KUBELET_E2E") == "1":
+        pytest.fail(f"real-kubelet e2e required (TOPO_DP_REQUIRE_KUBELET_E2E=1) but {reason}")
+    print(f"\nSKIP (tests/e2e real kubelet): {reason}", file=sys.stderr)
+    pytest.skip(reason)
+
+
+def _host_runs_a_real_node() -> str | None:
+    if os.path.exists("/run/containerd/containerd.sock"):
+        return "a containerd already serves /run/containerd/containerd.sock on this machine"
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+            except OSError:
+                continue
+            if exe == "kubelet":
+                return f"a kubelet (pid {pid}) runs on this machine"
+    return None
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    if os.geteuid() != 0:
+        _unavailable("the kubelet and containerd need root")
+    missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
+    if missing:
+        _unavailable(f"missing {', '.join(missing)} (Debian packages containerd, runc; "
+                     "`bash scripts/kubelet_tests.sh prepare` installs them)")
+    real = _host_runs_a_real_node()
+    if real:
+        _unavailable(f"{real}; this test is for throwaway machines only")
+    try:
+        kubelet = kubelet_build.kubelet_binary()
+        harness = kubelet_build.harness_binary()
+        images = kubelet_build.e2e_images()
+    except kubelet_build.BuildUnavailable as e:
+        _unavailable(str(e))
+    w = tmp_path_factory.mktemp("kubelet-e2e")
+    sys.path.insert(0, str(ROOT))
+    from plugin.sources.simulated import builtin_text
+
+    node = w / "node.yaml"
+    node.write_text(builtin_text(SIMULATE))
+    out = w / "result.json"
+    cmd = [*unshare_prefix(), PYTHON, str(pathlib.Path(__file__).with_name("kubelet_e2e.py")),
+           "--workdir", str(w / "run"), "--kubelet", str(kubelet), "--harness", str(harness),
+           "--images", str(images["busybox"].parent), "--node-file", str(node), "--python", PYTHON, "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = json.loads(out.read_text()) if out.exists() else {}
+    if proc.returncode != 0 or "error" in result:
+        tails = []
+        for files in (result.get("logs") or {}).values():
+            for f in files[-1:]:
+                lines = pathlib.Path(f).read_text(errors="replace").splitlines()[-25:]
+                tails.append(f"--- {f}\n" + "\n".join(lines))
+        pytest.fail(f"e2e run failed ({proc.returncode}): {result.get('error')}\n{result.get('traceback', '')}\n"
+                    f"{proc.stderr[-3000:]}\n" + "\n".join(tails))
+    print(f"\nreal-kubelet e2e: containerd {result['containerd_start_s']}s, kubelet start {result['kubelet_start_s']}s, "
+          f"registration {result['registration_s']}s, total {result['total_s']}s", file=sys.stderr)
+    return result
+
+
+@pytest.fixture(scope="module")
+def disc():
+    return discover(SIMULATE)
+
+
+def _numa(disc, resource):
+    r = next(r for r in disc["resources"] if r["name"] == resource)
+    return {d["id"]: [d["numa"]] for d in r["devices"]}
+
+
+def test_pod_asking_two_gpus_runs_with_our_preferred_devices(e2e, disc):
+    s = e2e["scenarios"]["gpu2"]
+    assert s["phase"] == "Running", s
+    seen = set(s["env"].split(","))
+    # The container's environment, the kubelet's record and our allocator's answer agree.
+    assert seen == set(s["podresources"])
+    assert len(seen) == 2
+    all_gpus = sorted(_numa(disc, GPU))
+    assert seen == set(preferred_offline(SIMULATE, GPU, 2, all_gpus, []))
+    # pod-resources List reports each device's NUMA node as we sent it.
+    assert s["podresources"] == {i: _numa(disc, GPU)[i] for i in seen}
+
+
+def test_podresources_allocatable_lists_every_device_with_numa(e2e, disc):
+    alloc = e2e["scenarios"]["gpu2"]["allocatable_after"]
+    for r in disc["resources"]:
+        assert alloc[r["name"]] == _numa(disc, r["name"]), r["name"]
+
+
+def test_pod_asking_more_than_is_free_is_rejected(e2e):
+    s = e2e["scenarios"]["toomany"]
+    assert s["phase"] == "Failed", s
+    assert s["reason"] == "UnexpectedAdmissionError"
+    assert "requested number of devices unavailable" in s["message"]
+
+
+@pytest.mark.parametrize("how", ["TERM", "KILL"])
+def test_kubelet_restart_leads_to_reregistration(e2e, how):
+    s = e2e["scenarios"][f"kubelet_restart_{how}"]
+    # The counter lives in the new kubelet process: 1 means our daemon registered with it.
+    assert s["registrations"][GPU] == 1
+    assert s["reregistered_s"] < 10
+    assert len(s["allocatable"][GPU]) == 8
+    # The running pod keeps its devices and was not restarted.
+    assert s["gpu2_devices_after"] == s["gpu2_devices_before"] and s["gpu2_devices_after"]
+    assert s["gpu2_restart_count"] == 0
+
+
+def test_accounting_survives_kubelet_restarts(e2e, disc):
+    held = set(e2e["scenarios"]["gpu2"]["podresources"])
+    s = e2e["scenarios"]["after_restart"]
+    assert s["phase"] == "Running", s
+    got = set(s["env"].split(","))
+    assert got == set(s["podresources"]) and not got & held
+    free = sorted(set(_numa(disc, GPU)) - held)
+    assert got == set(preferred_offline(SIMULATE, GPU, 2, free, []))
+
+
+def test_daemon_lived_through_it_and_exits_cleanly(e2e):
+    assert e2e["daemon_running"]
+    assert e2e["daemon_exit"] == 0
