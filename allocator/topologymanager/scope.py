@@ -101,6 +101,17 @@ class Scope:
         for provider in self.hint_providers:
             provider.allocate(pod, container)
 
+    def _allocate_into(self, out: ScopeAdmission, pod: Pod, container: Container) -> bool:
+        """Allocate `container` on every provider; a provider error fails admission (recorded in `out`)."""
+        try:
+            self.allocate_aligned_resources(pod, container)
+        except Exception as err:  # noqa: BLE001 - any provider error fails admission
+            out.result = PodAdmitResult.from_error(err)
+            out.failed_container = container.name
+            return False
+        out.allocated_containers.append(container.name)
+        return True
+
     def admit(self, pod: Pod) -> ScopeAdmission:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -108,11 +119,6 @@ class Scope:
         """Allocate every container with no hint at all (policy `none`)."""
         out = ScopeAdmission(PodAdmitResult.ok())
         for container in pod.all_containers():
-            try:
-                self.allocate_aligned_resources(pod, container)
-            except Exception as err:  # noqa: BLE001 - any provider error fails admission
-                out.result = PodAdmitResult.from_error(err)
-                out.failed_container = container.name
+            if not self._allocate_into(out, pod, container):
                 return out
-            out.allocated_containers.append(container.name)
         return out

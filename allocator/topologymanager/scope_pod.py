@@ -33,11 +33,6 @@ class PodScope(Scope):
             return out
         for container in pod.all_containers():
             self.set_topology_hints(pod.uid, container.name, best)
-            try:
-                self.allocate_aligned_resources(pod, container)
-            except Exception as err:  # noqa: BLE001 - any provider error fails admission
-                out.result = PodAdmitResult.from_error(err)
-                out.failed_container = container.name
+            if not self._allocate_into(out, pod, container):
                 return out
-            out.allocated_containers.append(container.name)
         return out
