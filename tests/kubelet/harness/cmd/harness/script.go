@@ -98,6 +98,20 @@ func runScript(w *world, sc script) []map[string]any {
 	return results
 }
 
+// startKubelet wires and starts a fresh kubelet container manager (Topology Manager,
+// device manager and the other hint providers) over the shared directory.
+func (w *world) startKubelet(policy, scope string, options map[string]string) (map[string]any, error) {
+	k, err := newKubeletCM(w, policy, scope, options)
+	if err != nil {
+		return nil, err
+	}
+	if err := k.start(w); err != nil {
+		return nil, err
+	}
+	w.kubelet = k
+	return map[string]any{"policy": policy, "scope": scope}, nil
+}
+
 func (w *world) step(op string, raw json.RawMessage) (map[string]any, error) {
 	switch op {
 	case "start_kubelet":
@@ -122,15 +136,7 @@ func (w *world) step(op string, raw json.RawMessage) (map[string]any, error) {
 		if w.kubelet != nil {
 			return nil, fmt.Errorf("a kubelet is already running")
 		}
-		k, err := newKubeletCM(w, a.Policy, a.Scope, a.Options)
-		if err != nil {
-			return nil, err
-		}
-		if err := k.start(w); err != nil {
-			return nil, err
-		}
-		w.kubelet = k
-		return map[string]any{"policy": a.Policy, "scope": a.Scope}, nil
+		return w.startKubelet(a.Policy, a.Scope, a.Options)
 
 	case "stop_kubelet", "restart_kubelet":
 		var a struct {
@@ -168,15 +174,7 @@ func (w *world) step(op string, raw json.RawMessage) (map[string]any, error) {
 		if a.SourcesReady != nil {
 			w.sources.set(*a.SourcesReady)
 		}
-		k, err := newKubeletCM(w, a.Policy, a.Scope, a.Options)
-		if err != nil {
-			return nil, err
-		}
-		if err := k.start(w); err != nil {
-			return nil, err
-		}
-		w.kubelet = k
-		return map[string]any{"policy": a.Policy, "scope": a.Scope}, nil
+		return w.startKubelet(a.Policy, a.Scope, a.Options)
 
 	case "set_sources_ready":
 		var a struct {
