@@ -39,7 +39,8 @@ from allocator.topologymanager import explain as run_explain
 
 from ..resources import Resource
 from .allocate import check_ids, load_resources, parse_ids, preferred_callable
-from .options import Settings, common_options, option, pass_settings
+from .options import Settings, option, with_settings
+from .routing import Command
 
 
 def _parse_requests(values: Sequence[str], resources: Sequence[Resource], flag: str) -> dict[str, int]:
@@ -246,8 +247,8 @@ def _case_text(a: dict[str, Any]) -> str:
     }.get(a["case"], a["case"] or "-")
 
 
-@click.command()
-@common_options
+@click.command(cls=Command)
+@with_settings("explain")
 @option("--policy", "tm_policy", type=click.Choice(POLICIES), required=True,
         help="The kubelet's --topology-manager-policy.")
 @option("--scope", "tm_scope", type=click.Choice(SCOPES), default="container",
@@ -262,7 +263,6 @@ def _case_text(a: dict[str, Any]) -> str:
               help="A --topology-manager-policy-options entry, e.g. prefer-closest-numa-nodes=true.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--fail-on-reject", is_flag=True, help="Exit 1 when the pod would be rejected.")
-@pass_settings
 def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[str, ...],
             init_requests: tuple[str, ...], allocated: tuple[str, ...], policy_options: tuple[str, ...],
             fmt: str, fail_on_reject: bool) -> None:

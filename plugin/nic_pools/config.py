@@ -1,49 +1,28 @@
-"""NIC resource pools: the config's `nics.resourceList`, SR-IOV-network-device-plugin compatible.
+"""The config's `nics.resourceList` parsed and validated into `PoolSpec`s (SR-IOV-network-device-plugin format).
 
 Why this format: operators already write `resourceList` entries for the
-SR-IOV network device plugin, and Multus / SR-IOV CNI read the
-`PCIDEVICE_<PREFIX>_<NAME>` and `..._INFO` variables it sets. So an entry
-is theirs (`resourceName`, `resourcePrefix`, `selectors`, `excludeTopology`,
-`additionalInfo`, `deviceType: netDevice`) plus our `allocationPolicy`, and
-Allocate answers as that plugin does (`../shared/research/nic-and-other-plugins.md`
-§2.4): device specs deduplicated by host path, env vars with the IDs and the
-per-device info JSON.
-
-Semantics (as upstream): inside one selector object every given field must
-match (fields are AND-ed, values of one field OR-ed); the selector objects of
-an entry are alternatives; a NIC goes to the first entry (and its first
-selector) that matches. `pfNames` / `rootDevices` only match VFs; `#0,2-7`
-restricts them to those VF indexes. `isRdma: true` keeps RDMA-capable
-functions (false does not filter).
+SR-IOV network device plugin. So an entry is theirs (`resourceName`,
+`resourcePrefix`, `selectors`, `excludeTopology`, `additionalInfo`,
+`deviceType: netDevice`) plus our `allocationPolicy`.
 
 Differences, each deliberate: the config is validated up front and every
 mistake stops the start with the file, the field path and the fix (upstream
 ignores unknown fields and prints range errors at match time); `-` and `/` in
 names also become `_` in env var names (upstream keeps `-`, which is not a
-valid shell name); RDMA char devices are handed to every RDMA-capable device
-of a pool, not only where the selector says `isRdma` (they belong to that
-VF; without them RDMA in the pod fails), and device nodes that do not exist
-under the dev root are left out rather than failing container creation.
+valid shell name).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
-import logging
-import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.topology import Device
-
-from .allocate_response import ContainerAllocation, DeviceNode
-from .config import ConfigError
-from .resources import NicPool, check_resource_name
-
-log = logging.getLogger(__name__)
+from ..config import ConfigError
+from ..errors import OptionError
+from ..resource_names import check_resource_name
+from .selectors import PoolSpec, Selector, VfRange
 
 DEFAULT_PREFIX = "topo.dev"
 POLICIES = ("spread", "packed")
@@ -77,199 +56,6 @@ class NicPoolError(ConfigError):
         self.detail = message
         self.fix = fix
         super().__init__(f"{source}: field {field_path}: {message} (fix: {fix})")
-
-
-# -- selectors ----------------------------------------------------------------
-@dataclass(frozen=True)
-class VfRange:
-    """A `pfNames` / `rootDevices` item: the PF and which of its VFs (None: all)."""
-
-    pf: str
-    indexes: frozenset[int] | None = None
-
-    def matches(self, pf: str, vf_index: int | None) -> bool:
-        if pf != self.pf:
-            return False
-        return self.indexes is None or (vf_index is not None and vf_index in self.indexes)
-
-
-@dataclass(frozen=True)
-class Selector:
-    """One selector object; `None` fields do not filter."""
-
-    vendors: frozenset[str] | None = None
-    devices: frozenset[str] | None = None
-    drivers: frozenset[str] | None = None
-    pci_addresses: frozenset[str] | None = None
-    acpi_indexes: frozenset[str] | None = None
-    pf_names: tuple[VfRange, ...] | None = None
-    root_devices: tuple[VfRange, ...] | None = None
-    link_types: frozenset[str] | None = None
-    is_rdma: bool = False
-    need_vhost_net: bool = False
-
-    def matches(self, d: Device) -> bool:
-        a = d.attributes
-        if self.vendors is not None and a.get("vendor", "") not in self.vendors:
-            return False
-        if self.devices is not None and a.get("device", "") not in self.devices:
-            return False
-        if self.drivers is not None and a.get("driver", "") not in self.drivers:
-            return False
-        if self.pci_addresses is not None and d.name not in self.pci_addresses:
-            return False
-        if self.acpi_indexes is not None and a.get("acpi_index", "") not in self.acpi_indexes:
-            return False
-        vf = _int_or_none(a.get("vf_index"))
-        if self.pf_names is not None:
-            pf_name = a.get("pf_netdev", "").lower()
-            if not pf_name or not any(r.matches(pf_name, vf) for r in self.pf_names):
-                return False
-        if self.root_devices is not None:
-            pf_addr = a.get("pf", "")
-            if not pf_addr or not any(r.matches(pf_addr, vf) for r in self.root_devices):
-                return False
-        if self.link_types is not None and a.get("link_type", "").lower() not in self.link_types:
-            return False
-        if self.is_rdma and a.get("rdma") != "true":
-            return False
-        return True
-
-
-def _int_or_none(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class PoolSpec:
-    """One validated `resourceList` entry. Callable: it is the `NicPool.select` of its pool."""
-
-    prefix: str
-    name: str
-    selectors: tuple[Selector, ...]
-    policy: str = "spread"
-    exclude_topology: bool = False
-    #: `additionalInfo`: "*" or a PCI address -> extra key/values for the `_INFO` JSON.
-    additional_info: Mapping[str, Mapping[str, str]] | None = None
-
-    @property
-    def resource_name(self) -> str:
-        return f"{self.prefix}/{self.name}"
-
-    def selector_for(self, d: Device) -> Selector | None:
-        for s in self.selectors:
-            if s.matches(d):
-                return s
-        return None
-
-    def __call__(self, d: Device) -> bool:
-        return self.selector_for(d) is not None
-
-    @property
-    def env_name(self) -> str:
-        return env_var_name(self.prefix, self.name)
-
-
-def env_var_name(prefix: str, name: str) -> str:
-    """`PCIDEVICE_<PREFIX>_<NAME>`, upper-cased, with `.`, `/` and `-` as `_`."""
-    return re.sub(r"[./-]", "_", f"PCIDEVICE_{prefix}_{name}").upper()
-
-
-def go_json(obj: Any) -> str:
-    """JSON as Go's `json.Marshal` writes a map: sorted keys, no spaces, HTML characters escaped."""
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-                    ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
-        text = text.replace(ch, esc)
-    return text
-
-
-# -- Allocate -------------------------------------------------------------------
-class NicAllocateBuilder:
-    """The container's share of a pool's devices, as the SR-IOV network device plugin builds it."""
-
-    def __init__(self, spec: PoolSpec, dev_root: str = "/dev"):
-        self.spec = spec
-        self.dev_root = dev_root
-
-    def _host(self, container_path: str) -> str:
-        rel = container_path[len("/dev/"):] if container_path.startswith("/dev/") else container_path.lstrip("/")
-        return os.path.join(self.dev_root, rel)
-
-    def _exists(self, container_path: str) -> bool:
-        return os.path.exists(self._host(container_path))
-
-    def _node(self, out: ContainerAllocation, container: str, host: str | None = None) -> bool:
-        host_path = self._host(host or container)
-        if not os.path.exists(host_path):
-            log.warning("%s: device node %s does not exist; not handing it to the container",
-                        self.spec.resource_name, host_path)
-            return False
-        out.add_device(DeviceNode(container_path=container, host_path=host_path, permissions="rw"))
-        return True
-
-    def device_info(self, out: ContainerAllocation, d: Device) -> dict[str, dict[str, str]]:
-        """Add `d`'s device nodes to `out` and return its `_INFO` entry."""
-        a = d.attributes
-        info: dict[str, dict[str, str]] = {"generic": {"deviceID": d.name}}
-        driver = a.get("driver", "")
-        if driver == "vfio-pci":
-            self._node(out, "/dev/vfio/vfio")
-            vinfo = {"mount": "/dev/vfio/vfio"}
-            dev = a.get("vfio_device")
-            if dev and self._node(out, dev, a.get("vfio_host_device") or dev):
-                vinfo["dev-mount"] = dev
-            info["vfio"] = vinfo
-        elif a.get("uio_device"):
-            uinfo: dict[str, str] = {}
-            if self._node(out, a["uio_device"]):
-                uinfo["mount"] = a["uio_device"]
-            info["uio"] = uinfo
-        if self.spec.additional_info is not None:
-            extra: dict[str, str] = {}
-            for key in ("*", d.name):
-                extra.update(self.spec.additional_info.get(key, {}))
-            info["extra"] = extra
-        selector = self.spec.selector_for(d)
-        if a.get("rdma") == "true":
-            rinfo: dict[str, str] = {}
-            chars = [c for c in a.get("rdma_char_devices", "").split(",") if c]
-            if self._exists("/dev/infiniband/rdma_cm"):
-                chars.append("/dev/infiniband/rdma_cm")
-            for c in chars:
-                if self._node(out, c):
-                    for key in ("uverbs", "umad", "issm", "rdma_cm"):
-                        if key in c:
-                            rinfo[key] = c
-                            break
-            devs = [r for r in a.get("rdma_devices", "").split(",") if r]
-            if devs:
-                rinfo["rdma_dev"] = devs[0]
-            info["rdma"] = rinfo
-        elif selector is not None and selector.is_rdma:
-            log.warning("%s: %s was selected as RDMA but has no RDMA device now", self.spec.resource_name, d.name)
-        if selector is not None and selector.need_vhost_net:
-            if self._exists("/dev/vhost-net") and self._exists("/dev/net/tun"):
-                self._node(out, "/dev/vhost-net")
-                self._node(out, "/dev/net/tun")
-                info["vhost"] = {"net-mount": "/dev/vhost-net", "tun-mount": "/dev/net/tun"}
-            else:
-                log.warning("%s: needVhostNet is set but %s/vhost-net or net/tun does not exist",
-                            self.spec.resource_name, self.dev_root)
-        return info
-
-    def build(self, ids: Sequence[str], devices: Sequence[Device]) -> ContainerAllocation:
-        out = ContainerAllocation()
-        infos: dict[str, dict[str, dict[str, str]]] = {}
-        for i, d in zip(ids, devices):
-            infos[i] = self.device_info(out, d)
-        env = self.spec.env_name
-        out.envs[env] = ",".join(ids)
-        out.envs[env + "_INFO"] = go_json(infos)
-        return out
 
 
 # -- parsing --------------------------------------------------------------------
@@ -414,7 +200,7 @@ class _Parser:
                            "use a lower-case DNS name outside kubernetes.io, e.g. example.com")
         try:
             check_resource_name(f"{prefix}/{name}")
-        except ValueError as e:
+        except OptionError as e:
             raise self.err(f"{path}.resourceName", str(e), "start and end the name with a letter or digit") from None
         dtype = raw.get("deviceType", "netDevice")
         if dtype != "netDevice":
@@ -486,57 +272,3 @@ def parse_pool_specs(raw: Any, source: str, *, default_prefix: str = DEFAULT_PRE
         seen[spec.resource_name] = i
         specs.append(spec)
     return tuple(specs)
-
-
-def parse_pools(raw: Any, source: str, *, default_prefix: str = DEFAULT_PREFIX, dev_root: str = "/dev",
-                path: str = CONFIG_PATH) -> tuple[NicPool, ...]:
-    """`nics.resourceList` -> the `NicPool`s for `ResourceOptions(nic_pools=...)`.
-
-    `source` (the config file) and `path` name the place in errors. `dev_root`
-    is where Allocate looks for (and points the runtime at) device nodes.
-    """
-    return tuple(
-        NicPool(
-            resource_name=spec.resource_name,
-            select=spec,
-            policy=spec.policy,
-            exclude_topology=spec.exclude_topology,
-            builder=NicAllocateBuilder(spec, dev_root),
-        )
-        for spec in parse_pool_specs(raw, source, default_prefix=default_prefix, path=path)
-    )
-
-
-def pool_of(device: Device, pools: Sequence[NicPool]) -> NicPool | None:
-    """The pool that gets `device` (first match), or None."""
-    for pool in pools:
-        if pool.select(device):
-            return pool
-    return None
-
-
-@dataclass(frozen=True)
-class PoolSummary:
-    """For `discover`: which NICs each pool gets."""
-
-    resource_name: str
-    policy: str
-    exclude_topology: bool
-    devices: tuple[str, ...] = field(default_factory=tuple)
-
-
-def summarize(devices: Sequence[Device], pools: Sequence[NicPool]) -> tuple[tuple[PoolSummary, ...], tuple[str, ...]]:
-    """Pool membership (first match wins) and the NICs no pool takes."""
-    members: dict[str, list[str]] = {p.resource_name: [] for p in pools}
-    left: list[str] = []
-    for d in devices:
-        pool = pool_of(d, pools)
-        if pool is None:
-            left.append(d.name)
-        else:
-            members[pool.resource_name].append(d.name)
-    return (
-        tuple(PoolSummary(p.resource_name, p.policy, p.exclude_topology, tuple(members[p.resource_name]))
-              for p in pools),
-        tuple(left),
-    )

@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from plugin.testing.sysfs_fixture import write_demo
+from topo_testkit.sysfs_fixture import write_demo
 
 GPU = "nvidia.com/gpu"
 
@@ -29,7 +29,8 @@ def rewrite(path: str, change) -> None:
 
 async def test_pool_changes_apply_without_touching_other_streams(kubelet, start_daemon, plugin_dir, node):
     config = f"{node.root}/config.yaml"
-    daemon = start_daemon("--config", config, "--device-plugin-path", plugin_dir, raw=True)
+    daemon = start_daemon("--config", config, "--device-plugin-path", plugin_dir, raw=True,
+                          fake_nvml=f"{node.root}/node.yaml")
     await kubelet.wait_for(lambda: {GPU, "example.com/pf_other", "topo.dev/pf_mlx"} <= set(kubelet.clients)
                            and all(c.devices for c in kubelet.clients.values()), timeout=20)
     gpu_client = kubelet.client(GPU)

@@ -1,5 +1,5 @@
 """The real-hardware path end to end: `serve --config` on a generated sysfs node with NVML answered
-from the same node description (`fakeNvml`), registered with the kubelet stand-in."""
+from the same node description (`topo_testkit.with_fake_nvml`), registered with the kubelet stand-in."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from plugin.cli import cli
-from plugin.testing.sysfs_fixture import write_demo
+from topo_testkit.sysfs_fixture import write_demo
+from topo_testkit.with_fake_nvml import fake_for, installed
 
 GPU = "nvidia.com/gpu"
 
@@ -20,7 +21,8 @@ def node(tmp_path):
 
 
 async def test_serve_config_registers_gpus_and_nic_pools(kubelet, start_daemon, plugin_dir, node):
-    start_daemon("--config", f"{node.root}/config.yaml", "--device-plugin-path", plugin_dir, raw=True)
+    start_daemon("--config", f"{node.root}/config.yaml", "--device-plugin-path", plugin_dir, raw=True,
+                 fake_nvml=f"{node.root}/node.yaml")
     expected = {GPU, "topo.dev/sriov_vfio", "topo.dev/rdma_ib", "topo.dev/sriov_a", "topo.dev/sriov_b",
                 "topo.dev/pf_mlx", "example.com/pf_other"}
     await kubelet.wait_for(lambda: expected <= {r for r, c in kubelet.clients.items() if c.devices}, timeout=20)
@@ -51,7 +53,8 @@ async def test_serve_config_registers_gpus_and_nic_pools(kubelet, start_daemon, 
 
 
 def test_discover_config_prints_gpus_nics_pools_and_links(node):
-    r = CliRunner().invoke(cli, ["discover", "--config", f"{node.root}/config.yaml"], catch_exceptions=False)
+    with installed(fake_for(f"{node.root}/node.yaml")):
+        r = CliRunner().invoke(cli, ["discover", "--config", f"{node.root}/config.yaml"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     out = r.output
     assert "8 GPUs" in out and "Resource nvidia.com/gpu" in out
