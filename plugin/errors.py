@@ -34,7 +34,11 @@ class RuntimeFailure(TopoDevicePluginError):
     exit_code = 1
 
 
-def shorten(value: object, limit: int = 80) -> str:
-    """`repr(value)` cut to `limit` characters: error messages must stay small whatever the input holds."""
-    text = repr(value)
+def clip(text: str, limit: int = 80) -> str:
+    """`text` cut to about `limit` characters: error messages must stay small whatever the input holds."""
     return text if len(text) <= limit else text[: limit - 5] + "…" + text[-4:]
+
+
+def shorten(value: object, limit: int = 80) -> str:
+    """`repr(value)`, clipped."""
+    return clip(repr(value), limit)

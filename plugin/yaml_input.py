@@ -72,8 +72,8 @@ def read_text(path: str) -> str:
         size = os.fstat(f.fileno()).st_size
         data = f.read(MAX_FILE_BYTES + 1) if size <= MAX_FILE_BYTES else b""
     if size > MAX_FILE_BYTES or len(data) > MAX_FILE_BYTES:
-        raise YamlProblem(f"the file is {max(size, len(data))} bytes, above the limit of {MAX_FILE_BYTES} bytes (1 MiB)",
-                          fix="point at the right file; config and node files are a few KiB")
+        raise YamlProblem(f"the file is {max(size, len(data))} bytes, above the limit of {MAX_FILE_BYTES} bytes "
+                          "(1 MiB)", fix="point at the right file; config and node files are a few KiB")
     return data.decode("utf-8", errors="replace")
 
 
@@ -86,8 +86,12 @@ def load(text: str) -> tuple[Any, yaml.Node | None]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e)
-        fix = ("write the values out instead of using anchors and aliases" if "aliases" in problem
-               else "fix the YAML syntax")
+        if "aliases" in problem:
+            fix = "write the values out instead of using anchors and aliases"
+        elif "nested deeper" in problem:
+            fix = "flatten the file; config and node files need only a few levels"
+        else:
+            fix = "fix the YAML syntax"
         raise YamlProblem(f"not valid YAML: {problem}", mark.line + 1 if mark else None, fix) from None
     except (RecursionError, MemoryError) as e:
         raise YamlProblem(f"cannot be loaded ({type(e).__name__}): nested too deeply or too large",

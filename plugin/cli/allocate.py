@@ -59,15 +59,21 @@ def find_resource(resources: Sequence[Resource], name: str | None, default: str 
     raise click.UsageError(f"unknown resource {name!r}: this node serves {', '.join(names)}")
 
 
+def id_hint(bad: Sequence[str], known: Sequence[str], limit: int = 8) -> str:
+    """How to name devices on this node: index IDs need `--device-id-strategy index`; else a few valid IDs."""
+    if any(i.isdigit() for i in bad) and not any(k.isdigit() for k in known):
+        return "GPU IDs are UUIDs by default; pass --device-id-strategy index to use 0, 1, 2, ..."
+    shown = ", ".join(known[:limit]) + (f", ... ({len(known)} in all)" if len(known) > limit else "")
+    return f"valid IDs: {shown}"
+
+
 def check_ids(resource: Resource, ids: Iterable[str], what: str) -> list[str]:
-    known = {d.id for d in resource.devices}
+    known = [d.id for d in resource.devices]
     ids = list(ids)
     bad = [i for i in ids if i not in known]
     if bad:
-        raise click.UsageError(
-            f"{what}: unknown device IDs for {resource.name}: {', '.join(bad)} "
-            f"(known: {', '.join(d.id for d in resource.devices)})"
-        )
+        raise click.UsageError(f"{what}: unknown device IDs for {resource.name}: {', '.join(bad)} "
+                               f"({id_hint(bad, known)})")
     return ids
 
 

@@ -17,6 +17,7 @@ import click
 from ..daemon import Daemon, DaemonOptions
 from ..demo.kubelet_standin import KubeletStandin
 from ..logging_setup import setup_logging
+from ..render import plural
 from .options import Settings, make_source, resource_options, with_settings
 from .routing import Command
 
@@ -43,7 +44,7 @@ async def _demo(settings: Settings, hold: float, out) -> int:
                 + ", ".join(f"{r.resource} (endpoint {r.endpoint})" for r in kubelet.registrations))
             for name in names:
                 devs = kubelet.devices(name)
-                out(f"\n{name}: {len(devs)} devices from ListAndWatch")
+                out(f"\n{name}: {plural(len(devs), 'device')} from ListAndWatch")
                 for d in devs.values():
                     numa = ",".join(map(str, d.numa)) or "none"
                     out(f"  {d.id:<42} {d.health:<9} NUMA {numa}")

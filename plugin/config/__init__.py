@@ -49,7 +49,7 @@ def schema() -> dict[str, Any]:
 
 def _error(path: str, problem: yaml_input.YamlProblem) -> ConfigError:
     where = f"{path}:{problem.line}" if problem.line else path
-    return ConfigError(f"{where}: {problem.message}" + (f"; {problem.fix}" if problem.fix else ""))
+    return ConfigError(f"{where}: {problem.message}" + (f" (fix: {problem.fix})" if problem.fix else ""))
 
 
 def parse_config(text: str, path: str) -> Config:
@@ -63,7 +63,8 @@ def parse_config(text: str, path: str) -> Config:
     except yaml_input.YamlProblem as e:
         raise _error(path, e) from None
     if bad is not None:
-        hint = "remove or rename the unknown field" if bad.validator == "additionalProperties" else "see docs/configuration.md"
+        hint = ("remove or rename the unknown field" if bad.validator == "additionalProperties"
+                else "see docs/configuration.md")
         raise ConfigError(f"{path}:{bad.line}: field {bad.field}: {bad.message} (fix: {hint})")
     return Config(
         path=path,

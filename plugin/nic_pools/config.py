@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import ConfigError
-from ..errors import OptionError
+from ..errors import OptionError, clip, shorten
 from ..resource_names import check_resource_name
 from .selectors import PoolSpec, Selector, VfRange
 
@@ -70,23 +70,24 @@ class _Parser:
     def unknown_key(self, path: str, key: Any, allowed: Sequence[str]) -> NicPoolError:
         close = difflib.get_close_matches(str(key), allowed, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(allowed)}"
-        return self.err(f"{path}.{key}", "unknown field", hint)
+        return self.err(f"{path}.{clip(str(key))}", "unknown field", hint)
 
     def str_list(self, path: str, value: Any) -> list[str]:
         if isinstance(value, str):
-            raise self.err(path, f"expected a list of strings, got the string {value!r}", f"write [{value!r}]")
+            raise self.err(path, f"expected a list of strings, got the string {shorten(value)}",
+                           f"write [{shorten(value)}]")
         if not isinstance(value, list):
             raise self.err(path, f"expected a list of strings, got {type(value).__name__}", "write a YAML list")
         for i, v in enumerate(value):
             if not isinstance(v, str):
-                raise self.err(f"{path}[{i}]", f"expected a string, got {v!r}", f"quote it: \"{v}\"")
+                raise self.err(f"{path}[{i}]", f"expected a string, got {shorten(v)}", f"quote it: \"{clip(str(v))}\"")
         return value
 
     def hex_ids(self, path: str, value: Any, what: str, example: str) -> frozenset[str]:
         out = set()
         for i, v in enumerate(self.str_list(path, value)):
             if not _HEX_RE.match(v.strip()):
-                raise self.err(f"{path}[{i}]", f"{v!r} is not a hex PCI {what} ID",
+                raise self.err(f"{path}[{i}]", f"{shorten(v)} is not a hex PCI {what} ID",
                                f"write 4 hex digits as lspci -n shows them, e.g. {example!r}")
             out.add(f"{int(v.strip(), 16):04x}")
         return frozenset(out)
@@ -94,7 +95,8 @@ class _Parser:
     def bdf(self, path: str, v: str) -> str:
         m = _BDF_RE.match(v.strip())
         if not m:
-            raise self.err(path, f"{v!r} is not a PCI address", "write domain:bus:device.function, e.g. '0000:3b:00.2'")
+            raise self.err(path, f"{shorten(v)} is not a PCI address",
+                           "write domain:bus:device.function, e.g. '0000:3b:00.2'")
         dom, bus, dev, fn = m.groups()
         return f"{(dom or '0000').lower()}:{bus.lower()}:{dev.lower()}.{fn}"
 
@@ -107,29 +109,31 @@ class _Parser:
             head, sep, tail = item.partition("#")
             head = head.strip()
             if not head:
-                raise self.err(p, f"{item!r} names no PF", f"write the PF before '#', e.g. {example!r}")
+                raise self.err(p, f"{shorten(item)} names no PF", f"write the PF before '#', e.g. {example!r}")
             pf = self.bdf(p, head) if kind == "rootDevices" else head.lower()
             indexes: set[int] | None = None
             if sep:
                 if "#" in tail:
-                    raise self.err(p, f"{item!r} has more than one '#'", f"write one '#', e.g. {example!r}")
+                    raise self.err(p, f"{shorten(item)} has more than one '#'", f"write one '#', e.g. {example!r}")
                 if not tail.strip():
-                    raise self.err(p, f"{item!r} has no VF index after '#'",
+                    raise self.err(p, f"{shorten(item)} has no VF index after '#'",
                                    f"list VF indexes or ranges after '#', e.g. {example!r}, or drop '#' for all VFs")
                 indexes = set()
                 for part in tail.split(","):
                     m = _RANGE_RE.match(part.strip())
                     if not m:
-                        raise self.err(p, f"{item!r} has a bad VF index or range {part.strip()!r}",
+                        raise self.err(p, f"{shorten(item)} has a bad VF index or range {shorten(part.strip())}",
                                        f"write indexes and inclusive ranges like {example!r}")
                     lo = int(m.group(1))
                     hi = int(m.group(2)) if m.group(2) is not None else lo
                     if hi < lo:
-                        raise self.err(p, f"{item!r} has the range {part.strip()!r} whose end is before its start",
+                        raise self.err(p, f"{shorten(item)} has the range {shorten(part.strip())} whose end is "
+                                          "before its start",
                                        f"write it as {hi}-{lo}")
                     indexes.update(range(lo, hi + 1))
             if pf in seen:
-                raise self.err(p, f"{head!r} is already listed at {path}[{seen[pf]}] (only the first would count)",
+                raise self.err(p, f"{shorten(head)} is already listed at {path}[{seen[pf]}] "
+                                  "(only the first would count)",
                                "merge the VF ranges into one item, e.g. 'ens1f0#0-1,3'")
             seen[pf] = i
             out.append(VfRange(pf, frozenset(indexes) if indexes is not None else None))
@@ -147,7 +151,7 @@ class _Parser:
                                "remove it, or select these devices by vendors/devices/pfNames instead")
             if key in _BOOL_SELECTORS:
                 if not isinstance(value, bool):
-                    raise self.err(p, f"expected true or false, got {value!r}", f"write {key}: true")
+                    raise self.err(p, f"expected true or false, got {shorten(value)}", f"write {key}: true")
                 kw["is_rdma" if key == "isRdma" else "need_vhost_net"] = value
                 continue
             if key not in _LIST_SELECTORS:
@@ -171,7 +175,7 @@ class _Parser:
                     t = v.strip().lower()
                     if t not in LINK_TYPES:
                         close = difflib.get_close_matches(t, LINK_TYPES, n=1, cutoff=0.4)
-                        raise self.err(f"{p}[{i}]", f"{v!r} is not a link type",
+                        raise self.err(f"{p}[{i}]", f"{shorten(v)} is not a link type",
                                        f"use {close[0]!r}" if close else "use 'ether' or 'infiniband'")
                     types.add(t)
                 kw["link_types"] = frozenset(types)
@@ -192,11 +196,11 @@ class _Parser:
         if name is None:
             raise self.err(f"{path}.resourceName", "is required", "name the resource, e.g. resourceName: sriov_a")
         if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise self.err(f"{path}.resourceName", f"{name!r} may only use letters, digits, '_' and '-'",
+            raise self.err(f"{path}.resourceName", f"{shorten(name)} may only use letters, digits, '_' and '-'",
                            "rename it, e.g. sriov_a")
         prefix = raw.get("resourcePrefix", default_prefix)
         if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix) or "kubernetes.io" in prefix:
-            raise self.err(f"{path}.resourcePrefix", f"{prefix!r} is not a valid resource domain",
+            raise self.err(f"{path}.resourcePrefix", f"{shorten(prefix)} is not a valid resource domain",
                            "use a lower-case DNS name outside kubernetes.io, e.g. example.com")
         try:
             check_resource_name(f"{prefix}/{name}")
@@ -204,15 +208,15 @@ class _Parser:
             raise self.err(f"{path}.resourceName", str(e), "start and end the name with a letter or digit") from None
         dtype = raw.get("deviceType", "netDevice")
         if dtype != "netDevice":
-            raise self.err(f"{path}.deviceType", f"{dtype!r} is not supported (only netDevice)",
+            raise self.err(f"{path}.deviceType", f"{shorten(dtype)} is not supported (only netDevice)",
                            "remove deviceType or set it to netDevice")
         excl = raw.get("excludeTopology", False)
         if not isinstance(excl, bool):
-            raise self.err(f"{path}.excludeTopology", f"expected true or false, got {excl!r}",
+            raise self.err(f"{path}.excludeTopology", f"expected true or false, got {shorten(excl)}",
                            "write excludeTopology: true")
         policy = raw.get("allocationPolicy", "spread")
         if policy not in POLICIES:
-            raise self.err(f"{path}.allocationPolicy", f"{policy!r} is not a NIC policy",
+            raise self.err(f"{path}.allocationPolicy", f"{shorten(policy)} is not a NIC policy",
                            "use spread (VFs over different PFs) or packed (fill one PF first)")
         if "selectors" not in raw:
             raise self.err(f"{path}.selectors", "is required",
@@ -245,7 +249,8 @@ class _Parser:
                 raise self.err(p, "expected a mapping of keys to string values", "write {key: value}")
             for ik, iv in kv.items():
                 if not isinstance(iv, str):
-                    raise self.err(f"{p}.{ik}", f"expected a string, got {iv!r}", f"quote it: \"{iv}\"")
+                    raise self.err(f"{p}.{ik}", f"expected a string, got {shorten(iv)}",
+                                   f"quote it: \"{clip(str(iv))}\"")
             out[k] = {str(ik): iv for ik, iv in kv.items()}
         return out
 

@@ -30,7 +30,7 @@ id in the kernel's form (`00000000:3B:00.0` -> `0000:3b:00.0`); -1 or
 unreadable -> None (no TopologyInfo), as NVIDIA's plugin does.
 
 The `nvml` module is injected (default: `import pynvml`), so the same code
-runs against `fake_nvml.FakeNvml` in CI.
+runs against the test double `topo_testkit.fake_nvml.FakeNvml` (tests/support) in CI.
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@
 #
 # The binary is keyed by a hash of go.mod, go.sum and the Go sources, so an edit
 # rebuilds it and an unchanged tree reuses it instantly. It lives in
-# $TOPO_DP_CACHE/bin (default ~/.cache/topo-device-plugin/bin).
+# $TOPO_DP_CACHE_DIR/bin (default ~/.cache/topo-device-plugin/bin).
 # Exit codes: 0 ok (path printed), 3 no Go toolchain, 1 build failed.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-CACHE="${TOPO_DP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/topo-device-plugin}"
+CACHE="${TOPO_DP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topo-device-plugin}"
 BIN_DIR="$CACHE/bin"
 
 log() { printf 'chart-decode build: %s\n' "$*" >&2; }
