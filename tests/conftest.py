@@ -15,5 +15,6 @@ TOPOLOGIES = sorted((SHARED / "topologies").glob("*.txt"))
 @pytest.fixture(scope="session")
 def shared_topologies() -> list[pathlib.Path]:
     if not TOPOLOGIES:
-        pytest.fail(f"no topology fixtures found under {SHARED / 'topologies'}; the checkout needs ../shared beside it (or TOPO_DP_SHARED_DIR)")
+        pytest.fail(f"no topology fixtures found under {SHARED / 'topologies'}; "
+                    "the checkout needs ../shared beside it (or TOPO_DP_SHARED_DIR)")
     return TOPOLOGIES

@@ -14,10 +14,9 @@ import subprocess
 import sys
 
 import pytest
+from topo_testkit.hostile_yaml import CHART_MEMORY_LIMIT_KIB, billion_laughs, config_with, nested, node_with
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-CHART_MEMORY_LIMIT_KIB = 128 * 1024
-NODE_HEAD = "apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\n"
 
 
 def run_cli(*args: str, address_space: int = 1 << 30) -> tuple[int, str, int]:
@@ -34,28 +33,14 @@ def run_cli(*args: str, address_space: int = 1 << 30) -> tuple[int, str, int]:
     return proc.returncode, out, usage.ru_maxrss
 
 
-def billion_laughs(levels: int = 8) -> str:
-    """A flow list whose item k is nine aliases of item k-1: 9**levels strings from ~400 bytes.
-
-    All of it sits in one field the schema checks, so a reader that expands
-    aliases builds the whole thing (and quotes it in its error message)."""
-    items = ['&l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    items += [f"&l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
-    return "[" + ", ".join(items) + "]"
-
-
-def nested(depth: int = 3000) -> str:
-    return "{a: " * depth + "1" + "}" * depth
-
-
-@pytest.fixture
-def files(tmp_path: pathlib.Path):
-    def write(name: str, text: str) -> str:
-        path = tmp_path / name
-        path.write_text(text)
-        return str(path)
-
-    return write
+def discover(tmp_path: pathlib.Path, kind: str, text: str) -> tuple[str, int, str, int]:
+    """Write `text` as a config (`kind` "config") or node file and run `discover` on it:
+    (path, exit code, output, peak RSS in KiB)."""
+    path = str(tmp_path / f"{kind}.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    args = ["--simulate", "dgx-a100", "--config", path] if kind == "config" else ["--simulate", path]
+    return (path, *run_cli("discover", *args))
 
 
 def assert_clean_input_error(code: int, out: str, path: str, *words: str) -> None:
@@ -64,44 +49,32 @@ def assert_clean_input_error(code: int, out: str, path: str, *words: str) -> Non
     assert path in out and all(w in out for w in words), out[-3000:]
 
 
+NESTED = {"config": config_with(nested()), "node": node_with("metadata", nested())}
+BOMB = {"config": config_with("{cdiVendor: " + billion_laughs() + "}"), "node": node_with("gpus", billion_laughs())}
+
+
 @pytest.mark.parametrize("kind", ["config", "node"])
-def test_deeply_nested_file_exits_2_naming_the_file(files, kind):
-    if kind == "config":
-        path = files("config.yaml", "version: v1\nflags: " + nested() + "\n")
-        args = ["discover", "--simulate", "dgx-a100", "--config", path]
-    else:
-        path = files("node.yaml", NODE_HEAD + "metadata: " + nested() + "\n")
-        args = ["discover", "--simulate", path]
-    code, out, _ = run_cli(*args)
+def test_deeply_nested_file_exits_2_naming_the_file(tmp_path, kind):
+    path, code, out, _ = discover(tmp_path, kind, NESTED[kind])
     assert_clean_input_error(code, out, path, "nested deeper than")
 
 
 @pytest.mark.parametrize("kind", ["config", "node"])
-def test_alias_bomb_is_refused_in_bounded_memory(files, kind):
-    if kind == "config":
-        path = files("config.yaml", "version: v1\nflags:\n  cdiVendor: " + billion_laughs() + "\n")
-        args = ["discover", "--simulate", "dgx-a100", "--config", path]
-    else:
-        path = files("node.yaml", NODE_HEAD + "gpus: " + billion_laughs() + "\n")
-        args = ["discover", "--simulate", path]
-    assert os.path.getsize(path) < 500
-    code, out, peak_kib = run_cli(*args)
+def test_alias_bomb_is_refused_in_bounded_memory(tmp_path, kind):
+    assert len(BOMB[kind]) < 500
+    path, code, out, peak_kib = discover(tmp_path, kind, BOMB[kind])
     assert_clean_input_error(code, out, path, "aliases")
     assert peak_kib < CHART_MEMORY_LIMIT_KIB, f"peak RSS {peak_kib} KiB"
 
 
-def test_huge_node_file_is_refused_unread(files, tmp_path):
-    path = str(tmp_path / "big.yaml")
-    with open(path, "w") as f:
-        f.write(NODE_HEAD + "metadata: {name: big}\ngpus: [{name: GPU0}]\n")
-        f.write("# " + "x" * (8 << 20) + "\n")
-    code, out, peak_kib = run_cli("discover", "--simulate", path)
+def test_huge_node_file_is_refused_unread(tmp_path):
+    text = node_with("gpus", "[{name: GPU0}]") + "# " + "x" * (8 << 20) + "\n"
+    path, code, out, peak_kib = discover(tmp_path, "node", text)
     assert_clean_input_error(code, out, path, "1 MiB")
     assert peak_kib < CHART_MEMORY_LIMIT_KIB, f"peak RSS {peak_kib} KiB"
 
 
-def test_schema_error_quotes_a_huge_value_in_short(files):
-    path = files("config.yaml", "version: v1\nflags:\n  deviceIdStrategy: " + "y" * 200_000 + "\n")
-    code, out, _ = run_cli("discover", "--simulate", "dgx-a100", "--config", path)
+def test_schema_error_quotes_a_huge_value_in_short(tmp_path):
+    path, code, out, _ = discover(tmp_path, "config", config_with("{deviceIdStrategy: " + "y" * 200_000 + "}"))
     assert_clean_input_error(code, out, path, "flags.deviceIdStrategy")
     assert len(out) < 2000, f"{len(out)} characters of error output"

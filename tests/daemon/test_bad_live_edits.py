@@ -10,25 +10,13 @@ import asyncio
 import os
 import pathlib
 
+from topo_testkit.hostile_yaml import (
+    CHART_MEMORY_LIMIT_KIB, billion_laughs, config_with, nested, node_with,
+)
+
 from plugin.sources.simulated import builtin_text
 
 GPU = "nvidia.com/gpu"
-CHART_MEMORY_LIMIT_KIB = 128 * 1024
-NODE_HEAD = "apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\n"
-
-
-def billion_laughs(levels: int = 8) -> str:
-    """A flow list whose item k is nine aliases of item k-1: 9**levels strings from ~400 bytes.
-
-    All of it sits in one field the schema checks, so a reader that expands
-    aliases builds the whole thing (and quotes it in its error message)."""
-    items = ['&l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    items += [f"&l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
-    return "[" + ", ".join(items) + "]"
-
-
-def nested(depth: int = 3000) -> str:
-    return "{a: " * depth + "1" + "}" * depth
 
 
 def replace(path: pathlib.Path, text: str) -> None:
@@ -61,8 +49,8 @@ async def test_bad_node_file_edits_keep_the_last_good_topology(kubelet, start_da
     daemon = start_daemon(simulate=str(node))
     await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 4, timeout=20)
     bad = {
-        "nested": NODE_HEAD + "metadata: " + nested() + "\n",
-        "alias bomb": NODE_HEAD + "gpus: " + billion_laughs() + "\n",
+        "nested": node_with("metadata", nested()),
+        "alias bomb": node_with("gpus", billion_laughs()),
         "huge": good + "# " + "x" * (3 << 20) + "\n",
     }
     for n, (what, text) in enumerate(bad.items(), start=1):
@@ -84,8 +72,8 @@ async def test_bad_config_edits_keep_the_running_configuration(kubelet, start_da
     daemon = start_daemon("--config", str(config))
     await kubelet.wait_for(lambda: len(kubelet.devices("example.com/gpu")) == 8, timeout=20)
     bad = {
-        "nested": "version: v1\nflags: " + nested() + "\n",
-        "alias bomb": "version: v1\nflags:\n  cdiVendor: " + billion_laughs() + "\n",
+        "nested": config_with(nested()),
+        "alias bomb": config_with("{cdiVendor: " + billion_laughs() + "}"),
         "huge": "version: v1\n# " + "x" * (3 << 20) + "\n",
     }
     for n, (what, text) in enumerate(bad.items(), start=1):

@@ -18,7 +18,6 @@ from kubelet_testlib import (
     GPU,
     MAX_REGISTRATION_S,
     NIC,
-    ROOT,
     TAP_DIR,
     admission_run,
     check_admitted_pod,

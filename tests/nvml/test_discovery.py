@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pathlib
 import sys
 from dataclasses import replace
 
