@@ -21,13 +21,16 @@ and each policy compares its remaining criteria over the U's.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..request import Allocation, AllocationRequest
 from ..scoring import min_span_idx
 from ..subdevices import parent_positions
 from ..topology import DeviceGraph
+from .base import SearchPolicy
 
 
 @dataclass(frozen=True)
@@ -149,3 +152,78 @@ class SharedAllocation(Allocation):
     parents: tuple[str, ...] = ()
     #: The policy's criteria of the answer, smaller is better (the policy's `criteria` function).
     criteria: tuple = ()
+
+
+@dataclass(frozen=True)
+class FamilyPolicy(SearchPolicy):
+    """The request flow of the replica and MIG policies: validate, fast paths, node sets, answer.
+
+    A subclass scores one node set (`plan`: a key, smaller is better, and what
+    it needs to build the answer), turns the node sets tied on the best key
+    into the answer (`choose`), and states its criteria (`criteria_idx`).
+
+    Time budget: as for the other policies, no deadline while at most
+    `exact_limit` parents have an available device; above it, node sets left
+    unseen when the deadline passes make the answer `optimal=False` (it is
+    still valid: every node set yields a complete answer).
+    """
+
+    def allocate(self, graph: DeviceGraph, request: AllocationRequest) -> SharedAllocation:
+        started = time.perf_counter()
+        request.validate(graph)
+        f = Family.build(graph, request)
+        if f.size == len(f.available):
+            return self._result(f, f.available, True, 0)
+        if f.size == len(f.must_devices):
+            return self._result(f, f.must_devices, True, 0)
+        deadline = None
+        if self.time_budget_s is not None and len(f.candidate_parents()) > self.exact_limit:
+            deadline = started + self.time_budget_s
+        context = self.prepare(f)
+        plans: list[tuple[Any, Any]] = []
+        optimal = True
+        for u in f.node_sets():
+            if plans and deadline is not None and time.perf_counter() > deadline:
+                optimal = False
+                break
+            plans.append(self.plan(f, context, u))
+        best_key = min(k for k, _ in plans)
+        members, proven, explored = self.choose(f, context, [p for k, p in plans if k == best_key], deadline)
+        return self._result(f, members, optimal and proven, explored)
+
+    # -- what a subclass says ---------------------------------------------------------
+    def prepare(self, f: Family) -> Any:
+        """Per-request numbers every node set needs (loads, free counts...)."""
+        return None
+
+    def plan(self, f: Family, context: Any, u: NodeSet) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def choose(self, f: Family, context: Any, plans: list[Any],
+               deadline: float | None) -> tuple[tuple[int, ...], bool, int]:
+        """(answer positions, proven optimal, search nodes) from the plans tied on the best key."""
+        raise NotImplementedError
+
+    def criteria_idx(self, graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple:
+        raise NotImplementedError
+
+    def score_of(self, criteria: tuple) -> int:
+        """W(parents(S)) where the objective has it; 0 otherwise."""
+        return 0
+
+    def _result(self, f: Family, members: Sequence[int], optimal: bool, explored: int) -> SharedAllocation:
+        chosen = sorted(members)
+        g = f.graph
+        crit = self.criteria_idx(g, f.available, chosen)
+        parents = sorted({f.parent_of[i] for i in chosen})
+        return SharedAllocation(
+            ids=tuple(g.ids[i] for i in chosen),
+            span=crit[0],
+            score=self.score_of(crit),
+            left_score=0,
+            optimal=optimal,
+            explored=explored,
+            policy=self.name,
+            parents=tuple(f.parent_ids[p] for p in parents),
+            criteria=crit,
+        )

@@ -39,15 +39,12 @@ is still possible. The best U is chosen on (parents, 3a, 3b, tuple).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..request import AllocationRequest
 from ..subdevices import parent_positions
 from ..topology import DeviceGraph
-from .base import SearchPolicy
-from .family import Family, NodeSet, SharedAllocation
+from .family import Family, FamilyPolicy, NodeSet
 
 
 def mig_criteria(graph: DeviceGraph, available: Iterable[str], chosen: Iterable[str]) -> tuple:
@@ -100,36 +97,24 @@ class _Plan:
 
 
 @dataclass(frozen=True)
-class MigPolicy(SearchPolicy):
+class MigPolicy(FamilyPolicy):
     """The spec's MIG objective (see the module docstring); `get_policy("mig")`."""
 
     name = "mig"
 
-    def allocate(self, graph: DeviceGraph, request: AllocationRequest) -> SharedAllocation:
-        started = time.perf_counter()
-        request.validate(graph)
-        f = Family.build(graph, request)
-        if f.size == len(f.available):
-            return self._result(f, f.available, True)
-        if f.size == len(f.must_devices):
-            return self._result(f, f.must_devices, True)
-        deadline = None
-        if self.time_budget_s is not None and len(f.candidate_parents()) > self.exact_limit:
-            deadline = started + self.time_budget_s
-        free = [len(a) for a in f.avail]
-        optimal = True
-        plans: list[tuple[tuple, _Plan]] = []
-        for u in f.node_sets():
-            if plans and deadline is not None and time.perf_counter() > deadline:
-                optimal = False  # node sets left unseen: the best so far is valid, not proven
-                break
-            plans.append(self._plan(f, u, free))
-        best_key = min(k for k, _ in plans)
-        best = min(self._members(f, plan, free) for k, plan in plans if k == best_key)
-        return self._result(f, best, optimal)
+    def prepare(self, f: Family) -> list[int]:
+        """free(g): the devices of each parent in A."""
+        return [len(a) for a in f.avail]
+
+    def choose(self, f: Family, free: list[int], plans: list[_Plan],
+               deadline: float | None) -> tuple[tuple[int, ...], bool, int]:
+        return min(self._members(f, plan, free) for plan in plans), True, 0
+
+    def criteria_idx(self, graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple:
+        return _criteria_idx(graph, available, chosen)
 
     # -- criteria 2 and 3 per node set -------------------------------------------------
-    def _plan(self, f: Family, u: NodeSet, free: list[int]) -> tuple[tuple, _Plan]:
+    def plan(self, f: Family, free: list[int], u: NodeSet) -> tuple[tuple, _Plan]:
         need = f.size - sum(free[p] for p in f.must_parents)
         counts: tuple[int, ...] = ()
         if need > 0:
@@ -234,20 +219,3 @@ class MigPolicy(SearchPolicy):
                 touched = hit
         assert len(chosen) == take and len(touched) == touch, "the fill plan has no realisation"
         return chosen
-
-    def _result(self, f: Family, members: Sequence[int], optimal: bool) -> SharedAllocation:
-        chosen = sorted(members)
-        g = f.graph
-        crit = _criteria_idx(g, f.available, chosen)
-        parents = sorted({f.parent_of[i] for i in chosen})
-        return SharedAllocation(
-            ids=tuple(g.ids[i] for i in chosen),
-            span=crit[0],
-            score=0,
-            left_score=0,
-            optimal=optimal,
-            explored=0,
-            policy=self.name,
-            parents=tuple(f.parent_ids[p] for p in parents),
-            criteria=crit,
-        )

@@ -38,23 +38,20 @@ with a free replica and no must-include one. Then for a fixed U:
 The best U is then chosen on (|P|, load, W, tuple). The only search is the
 case-A subset choice, over at most as many GPUs as the node has.
 
-Time budget: as for the other policies, no deadline while at most
-`exact_limit` GPUs have a free replica (8 x 10 and 16 x 4 are always exact);
-above it the best answer found by the deadline is returned, flagged
-`optimal=False`.
+Time budget (`FamilyPolicy`): no deadline while at most `exact_limit` GPUs
+have a free replica, so 8 x 10 and 16 x 4 are always exact; above it the best
+answer found by the deadline is returned, flagged `optimal=False`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..request import AllocationRequest
 from ..subdevices import parent_positions, parent_weights
 from ..topology import DeviceGraph
-from .base import SearchPolicy
-from .family import Family, NodeSet, SharedAllocation
+from .family import Family, FamilyPolicy, NodeSet
 from .problem import Objective, Problem
 from .search import solve
 
@@ -104,43 +101,56 @@ class _Answer:
 
 
 @dataclass(frozen=True)
-class ReplicaPolicy(SearchPolicy):
+class _Context:
+    load: list[int]
+    #: Replicas to add to must-include, and the load must-include alone brings.
+    picks: int
+    must_load: int
+
+
+@dataclass(frozen=True)
+class ReplicaPolicy(FamilyPolicy):
     """The spec's time-slicing objective (see the module docstring); `get_policy("replicas")`."""
 
     name = "replicas"
 
-    def allocate(self, graph: DeviceGraph, request: AllocationRequest) -> SharedAllocation:
-        started = time.perf_counter()
-        request.validate(graph)
-        f = Family.build(graph, request)
-        if f.size == len(f.available):
-            return self._result(f, f.available, True, 0)
-        if f.size == len(f.must_devices):
-            return self._result(f, f.must_devices, True, 0)
-        deadline = None
-        if self.time_budget_s is not None and len(f.candidate_parents()) > self.exact_limit:
-            deadline = started + self.time_budget_s
-
+    def prepare(self, f: Family) -> _Context:
         load = [f.total[p] - len(f.avail[p]) for p in range(len(f.parent_ids))]
-        t = f.picks
-        must_load = sum(len(f.must[p]) * load[p] for p in f.must_parents)
-        optimal = True
-        # Criteria 2 and 3 of every node set (cheap), then criterion 4 only where they tie.
-        plans: list[tuple[tuple[int, int], _CaseA | tuple[int, ...]]] = []
-        for u in f.node_sets():
-            if plans and deadline is not None and time.perf_counter() > deadline:
-                optimal = False  # node sets left unseen: the best so far is valid, not proven
-                break
-            if t <= len(u.pool):
-                plans.append(self._case_a(f, u, load, t, must_load))
-            else:
-                plans.append(self._case_b(f, u, load, t, must_load))
-        best_key = min(k for k, _ in plans)
+        return _Context(load, f.picks, sum(len(f.must[p]) * load[p] for p in f.must_parents))
+
+    # -- criteria 2 and 3 per node set ------------------------------------------------
+    def plan(self, f: Family, c: _Context, u: NodeSet) -> tuple[tuple[int, int], _CaseA | tuple[int, ...]]:
+        return self._case_a(f, u, c) if c.picks <= len(u.pool) else self._case_b(f, u, c)
+
+    @staticmethod
+    def _case_a(f: Family, u: NodeSet, c: _Context) -> tuple[tuple[int, int], _CaseA]:
+        load, t = c.load, c.picks
+        loads = sorted(load[p] for p in u.pool)
+        lam = loads[t - 1]
+        below = tuple(p for p in u.pool if load[p] < lam)
+        tie = tuple(p for p in u.pool if load[p] == lam)
+        key = (-(len(f.must_parents) + t), c.must_load + sum(loads[:t]))
+        return key, _CaseA(tuple(f.must_parents) + below, tie, t - len(below))
+
+    @staticmethod
+    def _case_b(f: Family, u: NodeSet, c: _Context) -> tuple[tuple[int, int], tuple[int, ...]]:
+        load = c.load
+        extra = c.picks - len(u.pool)
+        slack = sorted(
+            [(load[p], i) for p in f.must_parents for i in f.free[p]]
+            + [(load[p], i) for p in u.pool for i in f.free[p][1:]]
+        )[:extra]
+        members = tuple(sorted([*f.must_devices, *(f.free[p][0] for p in u.pool), *(i for _, i in slack)]))
+        key = (-(len(f.must_parents) + len(u.pool)),
+               c.must_load + sum(load[p] for p in u.pool) + sum(l for l, _ in slack))
+        return key, members
+
+    # -- criterion 4 and the tie rule -------------------------------------------------
+    def choose(self, f: Family, c: _Context, plans: list[_CaseA | tuple[int, ...]],
+               deadline: float | None) -> tuple[tuple[int, ...], bool, int]:
         best: tuple[int, tuple[int, ...]] | None = None
-        explored = 0
-        for key, plan in plans:
-            if key != best_key:
-                continue
+        optimal, explored = True, 0
+        for plan in plans:
             if isinstance(plan, _CaseA):
                 ans = self._resolve(f, plan, deadline)
             else:
@@ -151,31 +161,8 @@ class ReplicaPolicy(SearchPolicy):
             if best is None or cand < best:
                 best = cand
         assert best is not None
-        return self._result(f, best[1], optimal, explored)
+        return best[1], optimal, explored
 
-    # -- criteria 2 and 3 per node set ------------------------------------------------
-    @staticmethod
-    def _case_a(f: Family, u: NodeSet, load: list[int], t: int, must_load: int):
-        loads = sorted(load[p] for p in u.pool)
-        lam = loads[t - 1]
-        below = tuple(p for p in u.pool if load[p] < lam)
-        tie = tuple(p for p in u.pool if load[p] == lam)
-        key = (-(len(f.must_parents) + t), must_load + sum(loads[:t]))
-        return key, _CaseA(tuple(f.must_parents) + below, tie, t - len(below))
-
-    @staticmethod
-    def _case_b(f: Family, u: NodeSet, load: list[int], t: int, must_load: int):
-        extra = t - len(u.pool)
-        slack = sorted(
-            [(load[p], i) for p in f.must_parents for i in f.free[p]]
-            + [(load[p], i) for p in u.pool for i in f.free[p][1:]]
-        )[:extra]
-        members = tuple(sorted([*f.must_devices, *(f.free[p][0] for p in u.pool), *(i for _, i in slack)]))
-        key = (-(len(f.must_parents) + len(u.pool)),
-               must_load + sum(load[p] for p in u.pool) + sum(l for l, _ in slack))
-        return key, members
-
-    # -- criterion 4 and the tie rule -------------------------------------------------
     def _resolve(self, f: Family, plan: _CaseA, deadline: float | None) -> _Answer:
         """Pick `plan.c` GPUs of `plan.tie` maximising W(fixed + chosen); ties: lowest free replicas."""
         tie = sorted(plan.tie, key=lambda p: f.free[p][0])
@@ -203,19 +190,8 @@ class ReplicaPolicy(SearchPolicy):
     def _links(f: Family, members: Sequence[int]) -> int:
         return -_criteria_idx(f.graph, (), members)[3]
 
-    def _result(self, f: Family, members: Sequence[int], optimal: bool, explored: int) -> SharedAllocation:
-        chosen = sorted(members)
-        g = f.graph
-        crit = _criteria_idx(g, f.available, chosen)
-        parents = sorted({f.parent_of[i] for i in chosen})
-        return SharedAllocation(
-            ids=tuple(g.ids[i] for i in chosen),
-            span=crit[0],
-            score=-crit[3],
-            left_score=0,
-            optimal=optimal,
-            explored=explored,
-            policy=self.name,
-            parents=tuple(f.parent_ids[p] for p in parents),
-            criteria=crit,
-        )
+    def criteria_idx(self, graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple:
+        return _criteria_idx(graph, available, chosen)
+
+    def score_of(self, criteria: tuple) -> int:
+        return -criteria[3]

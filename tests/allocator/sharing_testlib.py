@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from hypothesis import strategies as st
 
-from allocator.request import AllocationRequest
+from allocator.request import Allocation, AllocationRequest, Policy
 from allocator.subdevices import child_graph, replica_graph
 from allocator.topology import DeviceGraph
 
@@ -175,6 +175,18 @@ def by_counts(g: DeviceGraph, req: AllocationRequest, key: Callable) -> tuple[Ke
             best = cand
     assert best is not None
     return best[0], tuple(g.ids[i] for i in best[1])
+
+
+def check_against(policy: Policy, g: DeviceGraph, req: AllocationRequest, oracle: Callable, key: Callable) -> Allocation:
+    """The policy's answer is the oracle's set, proven optimal, well-formed, with the oracle's criteria."""
+    got = policy.allocate(g, req)
+    best, ref = oracle(g, req, key)
+    assert chosen_key(g, req, got.ids, key) == best
+    assert got.ids == ref
+    assert got.optimal
+    assert got.criteria == best  # type: ignore[attr-defined]
+    assert set(req.must_include) <= set(got.ids) <= set(req.available) and len(got.ids) == req.size
+    return got
 
 
 def chosen_key(g: DeviceGraph, req: AllocationRequest, ids: Sequence[str], key: Callable) -> Key:

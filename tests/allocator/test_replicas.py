@@ -24,7 +24,16 @@ from allocator.subdevices import physical_id, replica_graph, replica_id, split_r
 from allocator.topology import DeviceGraph
 
 from alloc_testlib import WEIGHT_VALUES, graph, nvswitch
-from sharing_testlib import by_counts, by_subsets, chosen_key, gpu_sets, replica_key, replicas_of, requests
+from sharing_testlib import (
+    by_counts,
+    by_subsets,
+    check_against,
+    chosen_key,
+    gpu_sets,
+    replica_key,
+    replicas_of,
+    requests,
+)
 
 POLICY = get_policy("replicas")
 
@@ -56,13 +65,7 @@ def big_cases(draw: st.DrawFn, max_gpus: int = 8, max_replicas: int = 10) -> tup
 
 
 def check(g: DeviceGraph, req: AllocationRequest, oracle) -> None:
-    got = POLICY.allocate(g, req)
-    key, ref = oracle(g, req, replica_key)
-    assert chosen_key(g, req, got.ids, replica_key) == key
-    assert got.ids == ref
-    assert got.optimal
-    assert got.criteria == key
-    assert set(req.must_include) <= set(got.ids) <= set(req.available) and len(got.ids) == req.size
+    check_against(POLICY, g, req, oracle, replica_key)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
