@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from .decompose import Space, subspaces
 from .heuristics import SetState, greedy, local_search
 from .problem import Objective, Problem
-from .twins import twin_classes
+from .twins import TwinClass, twin_classes
 
 
 class _OutOfTime(Exception):
@@ -146,7 +146,7 @@ class _BranchAndBound:
         r_total = space.picks
 
         # Root value of each class, used to order the classes best first.
-        classes = twin_classes(p, pool)
+        classes = self._classes(pool)
         root_top: dict[int, list[int]] = {}
         value: dict[int, int] = {}
         for c in classes:
@@ -185,6 +185,9 @@ class _BranchAndBound:
         self.top2 = [root_top[r] for r in reps]
         self._depth_top: dict[int, list[list[int]]] = {}
         self._tight = False
+        #: Optional, per class: a (doubled) correction of the bound value of its 1st, 2nd, ... member,
+        #: non-increasing and <= 0 (a subclass whose key is not linear per device sets it; see `paired`).
+        self.member_bonus2: list[tuple[int, ...]] | None = None
 
         # Partial-set state (of the searched set).
         self.chosen: list[int] = list(fixed)
@@ -199,6 +202,10 @@ class _BranchAndBound:
                 self.numa_count[n] = self.numa_count.get(n, 0) + 1
             self.port_count[p.port[m]] = self.port_count.get(p.port[m], 0) + 1
         self._remaining_cache: dict[int, list[int]] = {}
+
+    def _classes(self, pool: tuple[int, ...]) -> list[TwinClass]:
+        """The twin classes the search branches on (a subclass may split them further)."""
+        return twin_classes(self.p, pool)
 
     # -- the tie rule -------------------------------------------------------
     def _remaining_sorted(self, c: int) -> list[int]:
@@ -350,6 +357,7 @@ class _BranchAndBound:
         lin2 = self.lin2
         size = self.size
         cnuma = self.cnuma
+        bonus = self.member_bonus2
         if self._tight or self.explored > _TIGHTEN_AFTER:
             self._tight = True
             top2 = self._tops_from(c)
@@ -371,7 +379,11 @@ class _BranchAndBound:
                     fits += size[d]
             else:
                 fits += size[d]
-            items.append((a2 * gain[d] + lin2[d] + top2[d - shift][r], size[d]))
+            v = a2 * gain[d] + lin2[d] + top2[d - shift][r]
+            if bonus is None or not bonus[d]:
+                items.append((v, size[d]))
+            else:
+                items.extend((v + b, 1) for b in bonus[d])
         if fits < r:
             if not opening:
                 return False
