@@ -123,21 +123,7 @@ class Matching:
             if row[j] > 0:
                 best[j] = row[j]
                 frontier.append(j)
-        while frontier:
-            nxt: list[int] = []
-            for j in frontier:
-                q = mate[j]
-                if q < 0:
-                    continue
-                rq = rows[q]
-                base = best[j] - rq[j]
-                for j2 in range(cols):
-                    wv = rq[j2]
-                    if wv > 0 and j2 != j and base + wv > best[j2]:
-                        best[j2] = base + wv
-                        pred[j2] = j
-                        nxt.append(j2)
-            frontier = nxt
+        self._along_paths(best, frontier, pred)
         # Where the path ends: a free column keeps all it gained; a matched one drops its old row.
         gain = 0
         end = -1
@@ -174,6 +160,60 @@ class Matching:
     def pairs(self) -> list[tuple[int, int]]:
         """(row, column) of every matched pair, by row."""
         return [(i, j) for i, j in enumerate(self.row_mate) if j >= 0]
+
+    def duals(self) -> tuple[list[int], list[int]]:
+        """An optimal solution (u per row, v per column) of the matching's dual linear program.
+
+        Dual feasibility: u, v >= 0 and u[i] + v[j] >= w(i, j) for every pair;
+        optimality: sum(u) + sum(v) = total. So for any subset S of the rows,
+        X(S) <= sum of u over S + sum(v): a bound linear in S (what a search
+        can sum device by device). Of all optimal duals this is the one with
+        the smallest v (the "row-optimal" one: each u[i] is row i's marginal
+        value, total minus the optimum without row i), which makes the bound
+        drop the most when rows are left out.
+
+        v is the least solution of its lower bounds: v >= 0; v[j] >= w(i, j)
+        for an unmatched row i (else i could take j); and, for the row q
+        matched to column j, v[j2] >= v[j] + w(q, j2) - w(q, j) (else q would
+        rather have j2). Those propagate along alternating paths, a longest
+        path with no positive cycle (the matching is optimal), so label
+        correcting converges; then u[q] = w(q, j) - v[j] for a matched row q,
+        0 for an unmatched one.
+        """
+        cols, rows = self.cols, self.rows
+        v = [0] * cols
+        for i, r in enumerate(rows):
+            if self.row_mate[i] < 0:
+                for j in range(cols):
+                    if r[j] > v[j]:
+                        v[j] = r[j]
+        self._along_paths(v, list(range(cols)))
+        u = [rows[i][j] - v[j] if j >= 0 else 0 for i, j in enumerate(self.row_mate)]
+        return u, v
+
+    def _along_paths(self, value: list[int], frontier: list[int], pred: list[int] | None = None) -> None:
+        """Raise `value` until value[j2] >= value[j] - w(q, j) + w(q, j2) wherever row q holds column j
+        and w(q, j2) > 0: the longest alternating paths over columns (label correcting from
+        `frontier`; no positive cycle as the matching is optimal). `pred` records each raise's source.
+        Zero weights are skipped: a zero-weight pair adds nothing to a path (`push`), and its dual
+        constraint u[q] + v[j2] >= 0 holds anyway (`duals`)."""
+        mate, rows, cols = self.mate, self.rows, self.cols
+        while frontier:
+            nxt: list[int] = []
+            for j in frontier:
+                q = mate[j]
+                if q < 0:
+                    continue
+                rq = rows[q]
+                base = value[j] - rq[j]
+                for j2 in range(cols):
+                    wv = rq[j2]
+                    if wv > 0 and j2 != j and base + wv > value[j2]:
+                        value[j2] = base + wv
+                        if pred is not None:
+                            pred[j2] = j
+                        nxt.append(j2)
+            frontier = nxt
 
 
 def pairing_weight(rows: Sequence[Sequence[int]], cols: int | None = None) -> int:

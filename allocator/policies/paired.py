@@ -17,19 +17,32 @@ with three changes, made by `_PairedBranchAndBound`:
    limit and span penalty see span(S u P);
 2. the key adds c_X * X(Q) exactly, with the matching kept incrementally
    (`pairing.Matching.push`/`pop`) as devices are taken and given back;
-3. the bound gives each device still to pick at most c_X * bp(q), bp(q) the
-   largest pairing weight from q to any partner. This is an upper bound:
-   X(Q + q) <= X(Q) + bp(q), because removing q's pair from an optimal
-   matching of Q + q leaves a matching of Q that lost at most bp(q); by
-   induction X(Q u T) <= X(Q) + sum over T of bp. The search's bound already
-   sums a per-device linear term (`Objective.lin`), so passing lin + c_X * bp
-   there makes its bound dominate the paired key, and `_take` subtracts the
-   c_X * bp it added and adds the true growth of X instead. Tighter for
-   twins: t devices with equal weight rows can add at most the t largest
-   weights of that row (one partner each; X is subadditive), so the i-th
-   member of a class is credited its row's i-th largest weight
-   (`member_bonus2`), which keeps two GPUs that share one NIC from both
-   counting it.
+3. the bound of the search covers W, span, ports and the linear terms of
+   the rest of the key (and c_X * X(Q) through the partial key); to it
+   `_refine_bound` adds c_X * G, G an upper bound of X(Q u T) - X(Q) for
+   every completion T of r devices from those R still allowed. G is the
+   smaller of two bounds, both proven here:
+   - Credits. X is subadditive: X(Q u T) <= X(Q) + X(T) (split an optimal
+     matching of Q u T by where its devices come from). And X(T) is at most
+     the sum of each device's credit: the i-th device taken from a twin
+     class (equal weight rows) is credited the i-th largest weight of its
+     row, because t such devices can only be matched to t distinct partners
+     (so two GPUs sharing one NIC do not both count it). Taking the r
+     largest credits of R bounds every T.
+   - Duality with a penalty. Lowering every pairing weight by a penalty
+     p >= 0 (floored at 0) loses at most p per matched pair, so X(S) <=
+     X_p(S) + p * |S|; and for an optimal dual (u, v) of X_p(A)
+     (`Matching.duals`: u, v >= 0, u_i + v_j >= the lowered weight),
+     X_p(S) <= u(S) + sum(v) for every S within A (weak duality). So
+     X(Q u T) <= u(Q) + u(R) + sum(v) + p * k, which is linear in the devices
+     still allowed and exact at the root. This bound sees what credits
+     miss: partners several devices would share (many NICs whose best GPU
+     is the same partner: v carries the partner's value once). The penalty,
+     the smallest pairing weight when k is below the number of partners,
+     lets it see that k devices pair with k partners at most.
+   The classes are still ordered with c_X * bp(q) added to each device's
+   value (bp: its largest pairing weight), so devices that pair well are
+   tried first.
 Twin classes are split further by the devices' pairing weights, so only
 devices that are interchangeable for X too are merged; and a named port no
 other available device shares is treated as a port of its own (it counts the
@@ -41,6 +54,7 @@ All criteria are folded into one integer with multipliers (proofs at each
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -48,7 +62,7 @@ from dataclasses import dataclass, replace
 from ..pairing import Matching, Partners
 from ..scoring import min_span_idx
 from .decompose import Space
-from .heuristics import greedy
+from .heuristics import SetState, greedy
 from .problem import Objective, Problem, nic_objective
 from .search import SearchResult, _BranchAndBound, _OutOfTime
 from .twins import TwinClass, twin_classes
@@ -88,7 +102,7 @@ class PairedProblem:
         whole = len(useful) == len(partners)
         for i, r in zip(p.available, full):
             rows[i] = r if whole else tuple(r[j] for j in useful)
-        # Each matched partner adds at most its best weight: X(S, P) <= sum of column maxima.
+        # Each partner is matched once, at its best weight at most.
         x_cap = sum(max(columns[j]) for j in useful)
         return cls(
             problem=p,
@@ -134,7 +148,8 @@ class PairedProblem:
 
 @dataclass(frozen=True)
 class PairedObjective:
-    """key(S) = base key of S (with span(S u P) for span) + pair_coef * X(S, P), maximised."""
+    """key(S) = base key of S (with span(S u P) for span) + pair_coef * X(S, P), maximised.
+    """
 
     base: Objective
     pair_coef: int
@@ -211,6 +226,8 @@ def solve_paired(pp: PairedProblem, obj: PairedObjective, deadline: float | None
     before its twin whose NIC is taken.
     """
     p = pp.problem
+    if p.picks == 1:
+        return _one_pick(pp, obj)
     m = pp.matching(p.must)
     rows, coef = pp.rows, obj.pair_coef
     free = [j for j in range(pp.cols) if m.mate[j] < 0]
@@ -233,33 +250,68 @@ def solve_paired(pp: PairedProblem, obj: PairedObjective, deadline: float | None
     return SearchResult(bb.best, bb.best_key, optimal, bb.explored)
 
 
+def _one_pick(pp: PairedProblem, obj: PairedObjective) -> SearchResult:
+    """One device to add (k = 1, or k = |must| + 1): the exact key change of each candidate,
+    X's growth included; ties go to the lowest position (only a strictly better key replaces)."""
+    p = pp.problem
+    o = obj.base
+    st = SetState(p, o, p.must, pp.partner_numa)
+    m = pp.matching(p.must)
+    best, best_d = -1, 0
+    for x in p.free:
+        n = p.numa[x]
+        if o.max_span is not None and n is not None and n not in st.numa_count and st.span >= o.max_span:
+            continue
+        d = st.add_delta(x) + obj.pair_coef * m.push(pp.rows[x])
+        m.pop()
+        if best < 0 or d > best_d:
+            best, best_d = x, d
+    members = tuple(sorted((*p.must, best)))
+    return SearchResult(members, paired_key(pp, obj, members), True, len(p.free))
+
+
 class _PairedBranchAndBound(_BranchAndBound):
-    """`search._BranchAndBound` with X(S, P) in the key and c_X * bp in the bound (see the module doc)."""
+    """`search._BranchAndBound` with X(S, P) in the key and a bound of its growth (see the module doc)."""
 
     def __init__(self, pp: PairedProblem, obj: PairedObjective, aug: Objective,
                  incumbent: tuple[int, ...], inc_key: int, deadline: float | None):
         self.pp = pp
         p = pp.problem
+        # `aug` (lin + c_X * bp) orders the classes (pairing devices first); the bound uses the true lin.
         super().__init__(p, Space(p.free, p.must, p.picks, aug), incumbent, inc_key, deadline)
-        self.pair_coef = obj.pair_coef
+        coef = self.pair_coef = obj.pair_coef
+        true_lin = obj.base.lin
+        self.lin2 = [2 * true_lin[ms[0]] for ms in self.members]
         self.rows = pp.rows
         self.cbp = [pp.bp[ms[0]] for ms in self.members]
         self.matching = pp.matching(p.must)
         # The base class summed aug.lin over must-include; make that true lin + c_X * X(M).
-        self.lin += self.pair_coef * (self.matching.total - sum(pp.bp[m] for m in p.must))
+        self.lin += coef * (self.matching.total - sum(pp.bp[m] for m in p.must))
         for n in pp.partner_numa:
             self.numa_count[n] = self.numa_count.get(n, 0) + 1
         self._grown: list[int] = []
-        # t members of one class (equal rows) can add at most the t largest weights of that row
-        # (one partner each): the bound's c_X * bp per member becomes c_X * (i-th largest) for the i-th.
-        c2 = 2 * self.pair_coef
-        bonus: list[tuple[int, ...]] = []
-        for ms in self.members:
-            row = sorted(pp.rows[ms[0]], reverse=True)
-            top = row[0] if row else 0
-            b = tuple(c2 * ((row[i] if i < len(row) else 0) - top) for i in range(len(ms)))
-            bonus.append(b if any(b) else ())
-        self.member_bonus2 = bonus
+        # X(S) <= X'(S) + penalty * |S|, X' the pairing weight with every weight lowered by the
+        # penalty (a matching of S loses at most that per pair); and X'(S) <= u(S) + sum(v) for an
+        # optimal dual (u, v) of X'(A). So X(Q u T) <= u(Q) + u(T) + sum(v) + penalty * k: linear in
+        # the devices still allowed, exact for A itself. The penalty (the smallest weight, when k is
+        # below the number of partners) makes the bound see that k devices pair with k partners at most.
+        weights = [w for x in p.available for w in pp.rows[x] if w > 0]
+        pen = min(weights) if weights and p.size < pp.cols else 0
+        m = Matching(pp.cols)
+        for x in p.available:
+            m.push(tuple(max(w - pen, 0) for w in pp.rows[x]))
+        u_of, v = m.duals()
+        u = dict(zip(p.available, u_of))
+        self._dual_class = [sum(u[x] for x in ms) for ms in self.members]
+        self._dual_rest = sum(v) + pen * p.size
+        self._dual_chosen = sum(u[x] for x in p.must)
+        self._dual_u = u
+        #: (class index, used NUMA nodes when the span limit is reached) -> (prefix sums of the
+        #: credits of the devices still allowed, largest first; their summed dual u).
+        self._rest_cache: dict[tuple, tuple[list[int], int]] = {}
+        # What the i-th device taken from a class can add to X at most: the i-th largest weight of
+        # its row (equal rows, one partner each).
+        self.xvals = [tuple(sorted(pp.rows[ms[0]], reverse=True)[:len(ms)]) for ms in self.members]
 
     def _classes(self, pool: tuple[int, ...]) -> list[TwinClass]:
         """Twin classes split by pairing weights: only devices equal for X stay interchangeable."""
@@ -273,6 +325,27 @@ class _PairedBranchAndBound(_BranchAndBound):
         out.sort(key=lambda c: c.rep)
         return out
 
+    def _refine_bound(self, ub: int, c: int, r: int, closed: bool) -> int:
+        """Add c_X * G, G a bound of how much X can still grow (see the module doc, point 3)."""
+        key = (c, frozenset(self.numa_count) if closed else None)
+        rest = self._rest_cache.get(key)
+        if rest is None:
+            numa_count = self.numa_count
+            cnuma = self.cnuma
+            credits: list[int] = []
+            dual = 0
+            for d in range(c, self.nc):
+                n = cnuma[d]
+                if closed and n is not None and n not in numa_count:
+                    continue
+                credits.extend(self.xvals[d])
+                dual += self._dual_class[d]
+            credits.sort(reverse=True)
+            rest = self._rest_cache[key] = ([0, *itertools.accumulate(credits)], dual)
+        tops, dual = rest
+        grow = min(tops[min(r, len(tops) - 1)], self._dual_chosen + dual + self._dual_rest - self.matching.total)
+        return ub + self.pair_coef * max(grow, 0)
+
     def _take(self, c: int, t: int) -> None:
         super()._take(c, t)
         m = self.matching
@@ -282,10 +355,12 @@ class _PairedBranchAndBound(_BranchAndBound):
             grown += m.push(rows[x])
         self._grown.append(grown)
         self.lin += self.pair_coef * (grown - t * self.cbp[c])
+        self._dual_chosen += sum(self._dual_u[x] for x in self.members[c][:t])
 
     def _untake(self, c: int, t: int) -> None:
         grown = self._grown.pop()
         for _ in range(t):
             self.matching.pop()
         self.lin -= self.pair_coef * (grown - t * self.cbp[c])
+        self._dual_chosen -= sum(self._dual_u[x] for x in self.members[c][:t])
         super()._untake(c, t)

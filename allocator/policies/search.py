@@ -185,9 +185,6 @@ class _BranchAndBound:
         self.top2 = [root_top[r] for r in reps]
         self._depth_top: dict[int, list[list[int]]] = {}
         self._tight = False
-        #: Optional, per class: a (doubled) correction of the bound value of its 1st, 2nd, ... member,
-        #: non-increasing and <= 0 (a subclass whose key is not linear per device sets it; see `paired`).
-        self.member_bonus2: list[tuple[int, ...]] | None = None
 
         # Partial-set state (of the searched set).
         self.chosen: list[int] = list(fixed)
@@ -357,7 +354,6 @@ class _BranchAndBound:
         lin2 = self.lin2
         size = self.size
         cnuma = self.cnuma
-        bonus = self.member_bonus2
         if self._tight or self.explored > _TIGHTEN_AFTER:
             self._tight = True
             top2 = self._tops_from(c)
@@ -379,11 +375,7 @@ class _BranchAndBound:
                     fits += size[d]
             else:
                 fits += size[d]
-            v = a2 * gain[d] + lin2[d] + top2[d - shift][r]
-            if bonus is None or not bonus[d]:
-                items.append((v, size[d]))
-            else:
-                items.extend((v + b, 1) for b in bonus[d])
+            items.append((a2 * gain[d] + lin2[d] + top2[d - shift][r], size[d]))
         if fits < r:
             if not opening:
                 return False
@@ -404,12 +396,16 @@ class _BranchAndBound:
                        + o.port_coef * len(self.port_count) + o.offset)
         if o.port_coef:
             bound2 += 2 * o.port_coef * self._port_bound(c, r, closed)
-        ub = bound2 // 2
+        ub = self._refine_bound(bound2 // 2, c, r, closed)
         if ub < self.best_key:
             return False
         if ub == self.best_key:
             return self._could_win_tie(c, r)
         return True
+
+    def _refine_bound(self, ub: int, c: int, r: int, closed: bool) -> int:
+        """The bound of picking r more devices from classes c.. (a subclass may add a term of its key)."""
+        return ub
 
     def _port_bound(self, c: int, r: int, closed: bool) -> int:
         """Spread: the most new ports r picks can add. Packed: the fewest they must add."""

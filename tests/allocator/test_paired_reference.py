@@ -59,6 +59,12 @@ def _node(source: str) -> tuple[Resource, Resource, PairingIndex] | None:
     return _LOADED[source]
 
 
+def small_node(rng: random.Random, policy: str) -> tuple[Resource, Resource, PairingIndex]:
+    """A generated node of 2-10 GPUs and NICs; (the policy's resource, the other one, the index)."""
+    gpu, nic, index = _resources(generated_node(rng, rng.randint(2, 10), rng.randint(2, 10), 2))
+    return (gpu, nic, index) if policy in GPU_POLICIES else (nic, gpu, index)
+
+
 def random_request(rng: random.Random, me: Resource, other: Resource, index: PairingIndex) -> AllocationRequest:
     g = me.graph
     avail = rng.sample(g.ids, rng.randint(1, min(12, len(g.ids))))
@@ -119,8 +125,7 @@ def test_generated_nodes_match_oracle(policy: str, rng: random.Random, gpus: int
 @given(rng=st.randoms(use_true_random=False))
 def test_unknown_partners_change_nothing(policy: str, rng: random.Random) -> None:
     """Partners that are all stale (or of the requesting resource) give today's answer, exactly."""
-    gpu, nic, index = _resources(generated_node(rng, rng.randint(2, 10), rng.randint(2, 10), 2))
-    me, other = (gpu, nic) if policy in GPU_POLICIES else (nic, gpu)
+    me, other, index = small_node(rng, policy)
     req = random_request(rng, me, other, index)
     stale = index.partners(me.name, {other.name: ["gone-1", "gone-2"], me.name: list(me.graph.ids[:2])})
     assert not stale
@@ -135,8 +140,7 @@ def test_unknown_partners_change_nothing(policy: str, rng: random.Random) -> Non
 @given(rng=st.randoms(use_true_random=False))
 def test_deterministic_and_order_independent(policy: str, rng: random.Random) -> None:
     """Same request twice, or with shuffled available / must-include / partners: the same answer."""
-    gpu, nic, index = _resources(generated_node(rng, rng.randint(2, 10), rng.randint(2, 10), 2))
-    me, other = (gpu, nic) if policy in GPU_POLICIES else (nic, gpu)
+    me, other, index = small_node(rng, policy)
     g = me.graph
     partner_ids = rng.sample(other.graph.ids, rng.randint(1, len(other.graph.ids)))
     avail = rng.sample(g.ids, rng.randint(1, len(g.ids)))

@@ -53,6 +53,13 @@ def matrices(max_rows: int, max_cols: int) -> st.SearchStrategy[tuple[list[list[
                                      max_size=max_rows), st.just(c)))
 
 
+def grown(rows: list[list[int]], cols: int) -> Matching:
+    m = Matching(cols)
+    for r in rows:
+        m.push(r)
+    return m
+
+
 def check_pairs(m: Matching, rows: list[list[int]]) -> None:
     """The reported pairs are a matching (one-to-one), of positive pairs, whose weight is the total."""
     pairs = m.pairs()
@@ -65,9 +72,7 @@ def check_pairs(m: Matching, rows: list[list[int]]) -> None:
 @given(case=matrices(6, 6))
 def test_matches_brute_force_over_all_matchings(case: tuple[list[list[int]], int]) -> None:
     rows, cols = case
-    m = Matching(cols)
-    for r in rows:
-        m.push(r)
+    m = grown(rows, cols)
     assert m.total == all_matchings_weight(rows, cols)
     assert pairing_weight(rows, cols) == m.total
     check_pairs(m, rows)
@@ -77,9 +82,7 @@ def test_matches_brute_force_over_all_matchings(case: tuple[list[list[int]], int
 @given(case=matrices(16, 9))
 def test_matches_subset_dp_up_to_sixteen_rows(case: tuple[list[list[int]], int]) -> None:
     rows, cols = case
-    m = Matching(cols)
-    for r in rows:
-        m.push(r)
+    m = grown(rows, cols)
     assert m.total == dp_weight(rows, cols)
     check_pairs(m, rows)
 
@@ -108,6 +111,21 @@ def test_push_pop_keeps_the_optimum_of_what_is_left(case: tuple[list[list[int]],
             present.pop()
         assert m.total == dp_weight(present, cols)
         check_pairs(m, present)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=matrices(9, 7))
+def test_duals_are_optimal_and_row_optimal(case: tuple[list[list[int]], int]) -> None:
+    """The dual gives the linear bound the search uses: feasible, optimal, and each row's u is its
+    marginal value (so leaving rows out lowers the bound as much as any optimal dual can)."""
+    rows, cols = case
+    m = grown(rows, cols)
+    u, v = m.duals()
+    assert min(u, default=0) >= 0 and min(v, default=0) >= 0
+    assert all(u[i] + v[j] >= rows[i][j] for i in range(len(rows)) for j in range(cols))
+    assert sum(u) + sum(v) == m.total
+    for i in range(len(rows)):
+        assert u[i] == m.total - dp_weight(rows[:i] + rows[i + 1:], cols)
 
 
 def test_one_to_one_not_greedy() -> None:
