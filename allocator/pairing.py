@@ -20,7 +20,8 @@ is exact and fast but brings ~40 MB of scipy + numpy into the image, and
 networkx's `max_weight_matching` is general-graph blossom code in pure Python,
 far slower than this for 16 x 16. And neither is incremental: the search adds
 and removes one device per step, and `Matching.push`/`pop` keep the optimum
-with one augmenting path per step instead of re-solving. A bitmask DP over the
+with one augmenting path per step instead of re-solving; nor gives the
+dual solution (`Matching.duals`) the search's bound is built from. A bitmask DP over the
 smaller side would be ~|S| * 2^|P| * |P| per evaluation (tens of thousands of
 Python steps at |P| = 8). It is checked against brute force over all
 matchings in `tests/allocator/test_pairing_weight.py`.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from .topology import Device, DeviceKind, LinkLevel, NodeTopology
@@ -275,13 +277,6 @@ class PairingMember(Protocol):
 
 
 @dataclass(frozen=True)
-class _Member:
-    id: str
-    device: Device
-    numa: int | None
-
-
-@dataclass(frozen=True)
 class PairingIndex:
     """Pairing weights between the devices of different resources of one node.
 
@@ -299,9 +294,9 @@ class PairingIndex:
     @classmethod
     def build(cls, topology: NodeTopology, resources: Mapping[str, Iterable[PairingMember]]) -> PairingIndex:
         members: dict[str, dict[str, tuple[int | None, DeviceKind]]] = {}
-        listed: dict[str, list[_Member]] = {}
+        listed: dict[str, list[PairingMember]] = {}
         for name, devs in resources.items():
-            ms = [_Member(d.id, d.device, d.numa) for d in devs]
+            ms = list(devs)
             listed[name] = ms
             members[name] = {m.id: (m.numa, m.device.kind) for m in ms}
         cross: dict[tuple[str, str], dict[tuple[str, str], int]] = {}
@@ -348,4 +343,4 @@ class PairingIndex:
                 row = tuple(to.get(k, 0) for k in cols)
                 if any(row):
                     weights[cid] = row
-        return Partners(tuple(f"{r}={i}" for r, i in cols), tuple(numa), weights)
+        return Partners(tuple(f"{r}={i}" for r, i in cols), tuple(numa), MappingProxyType(weights))

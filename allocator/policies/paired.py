@@ -148,8 +148,7 @@ class PairedProblem:
 
 @dataclass(frozen=True)
 class PairedObjective:
-    """key(S) = base key of S (with span(S u P) for span) + pair_coef * X(S, P), maximised.
-    """
+    """key(S) = base key of S (with span(S u P) for span) + pair_coef * X(S, P), maximised."""
 
     base: Objective
     pair_coef: int
@@ -211,7 +210,8 @@ def paired_key(pp: PairedProblem, obj: PairedObjective, members: Sequence[int]) 
 
 
 def _augmented(pp: PairedProblem, obj: PairedObjective) -> Objective:
-    """The base objective with pair_coef * bp(q) added to each device's linear term (the X bound)."""
+    """The base objective with pair_coef * bp(q) added to each device's linear term: what orders the
+    search's classes (devices that pair well first); `_PairedBranchAndBound` takes the bp back out."""
     c = obj.pair_coef
     return replace(obj.base, lin=[v + c * b for v, b in zip(obj.base.lin, pp.bp)])
 
