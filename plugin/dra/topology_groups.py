@@ -17,8 +17,11 @@ wants to match on follow from those links:
   (DGX-1's hybrid cube mesh is one domain).
 
 The PCIe level of an NVLink pair is used where the source recorded it; a
-matrix hides it behind `NV<n>`, and then the other members of a component
-still join the pair through their own PCIe links.
+matrix hides it behind `NV<n>` (recorded as SYS). Two NVLink-connected GPUs
+that are both `PIX` to the same third device (DGX-1: two GPUs and a NIC on
+one PCIe switch) are under that switch too, since in a PCIe tree "both one
+switch away from x" means "one switch away from each other"; they count as
+`PIX` for grouping.
 """
 
 from __future__ import annotations
@@ -73,8 +76,14 @@ def pcie_switch_groups(topology: NodeTopology) -> list[list[Device]]:
     greedily in device-key order, each device joining the first group it is
     `PIX` to in full, so no group ever holds a pair that is not `PIX`.
     """
-    def pix(a: Device, b: Device) -> bool:
+    def direct(a: Device, b: Device) -> bool:
         return topology.link(a.name, b.name).level == LinkLevel.PIX
+
+    def pix(a: Device, b: Device) -> bool:
+        if direct(a, b):
+            return True
+        return topology.link(a.name, b.name).nvlinks > 0 and any(
+            direct(a, x) and direct(b, x) for x in topology.devices if x.name not in (a.name, b.name))
 
     out: list[list[Device]] = []
     for comp in _components(topology.devices, pix):
