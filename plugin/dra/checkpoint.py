@@ -6,7 +6,8 @@ Why a file and why this shape:
   pod is done, possibly against a different instance of the driver during a
   rolling update (both instances serve at once, the kubelet picks either). So
   the truth about what is prepared must live outside any one process.
-- Every call takes an exclusive `flock` on `<plugin dir>/serialize.lock`,
+- Every change takes an exclusive `flock` on `<plugin dir>/serialize.lock`
+  (a fresh open file per change, so changes in one process exclude each other too),
   reads the file, changes it and writes it back atomically (temp file, fsync,
   rename, fsync of the directory). Two instances never interleave, and a crash
   leaves either the old or the new file, never half of one.
@@ -23,11 +24,12 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 FORMAT_VERSION = 1
+T = TypeVar("T")
 
 
 class CheckpointError(RuntimeError):
@@ -79,9 +81,6 @@ class ClaimCheckpoint:
         self.path = path
         self.lock_path = lock_path
         self.driver = driver
-        # One holder at a time inside this process too: flock is per open file, and
-        # two coroutines must not read-modify-write at once.
-        self._lock = asyncio.Lock()
 
     # -- file format ---------------------------------------------------------
     def _read(self) -> dict[str, PreparedClaim]:
@@ -128,44 +127,8 @@ class ClaimCheckpoint:
         finally:
             os.close(dfd)
 
-    @contextlib.contextmanager
-    def _flock(self) -> Iterator[None]:
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    # -- operations (each one a locked read-modify-write) -------------------
-    def load(self) -> dict[str, PreparedClaim]:
-        """Read the file under the lock (blocking; for start-up and tests)."""
-        with self._flock():
-            return self._read()
-
-    def check(self) -> int:
-        """Raise CheckpointError if the file is unusable; else the number of prepared claims."""
-        return len(self.load())
-
-    @contextlib.asynccontextmanager
-    async def transaction(self):
-        """`async with cp.transaction() as claims:` edit the dict; it is written back on success.
-
-        The blocking flock and file I/O run in a worker thread, so a slow disk or
-        another instance holding the lock never stalls the event loop.
-        """
-        async with self._lock:
-            lock_fd = await asyncio.to_thread(self._acquire)
-            try:
-                claims = await asyncio.to_thread(self._read)
-                before = dict(claims)
-                yield claims
-                if claims != before:
-                    await asyncio.to_thread(self._write, claims)
-            finally:
-                os.close(lock_fd)
-
     def _acquire(self) -> int:
+        """An exclusive flock on the lock file; closing the returned descriptor releases it."""
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -173,3 +136,39 @@ class ClaimCheckpoint:
             os.close(fd)
             raise
         return fd
+
+    # -- operations (each one a locked read-modify-write) -------------------
+    def load(self) -> dict[str, PreparedClaim]:
+        """Read the file under the lock (blocking; for start-up and tests)."""
+        fd = self._acquire()
+        try:
+            return self._read()
+        finally:
+            os.close(fd)
+
+    def check(self) -> int:
+        """Raise CheckpointError if the file is unusable; else the number of prepared claims."""
+        return len(self.load())
+
+    def update_sync(self, change: Callable[[dict[str, PreparedClaim]], T]) -> T:
+        """Lock, read, `change(claims)` (may edit the dict), write back if it changed, unlock."""
+        fd = self._acquire()
+        try:
+            claims = self._read()
+            before = dict(claims)
+            result = change(claims)
+            if claims != before:
+                self._write(claims)
+            return result
+        finally:
+            os.close(fd)
+
+    async def update(self, change: Callable[[dict[str, PreparedClaim]], T]) -> T:
+        """`update_sync` in a worker thread, so a slow disk or the other instance holding the lock
+        never stalls the event loop.
+
+        Shielded: when the caller is cancelled (the kubelet's deadline passed) the
+        thread still finishes the whole locked section and releases the lock; a
+        half-done read-modify-write or a lock held forever cannot happen.
+        """
+        return await asyncio.shield(asyncio.to_thread(self.update_sync, change))

@@ -20,7 +20,6 @@ driver say which devices of our pool to prepare.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -60,34 +59,40 @@ class ClaimPreparer:
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
         """The prepared claim (from the checkpoint when already prepared); raises PrepareError."""
         _check_ref(ref)
-        async with self.checkpoint.transaction() as claims:
-            if ref.uid in claims:
-                return claims[ref.uid]
+        known = await self.checkpoint.update(lambda claims: claims.get(ref.uid))
+        if known is not None:
+            return known
         # Read the claim without holding the lock: another instance may prepare meanwhile.
         allocated = self._allocated_devices(ref, await self._read(ref))
-        async with self.checkpoint.transaction() as claims:
+
+        def record(claims: dict[str, PreparedClaim]) -> tuple[PreparedClaim, bool]:
             if ref.uid in claims:
-                return claims[ref.uid]
-            ids = await asyncio.to_thread(self.cdi.write_claim_spec, ref.uid,
-                                          [(name, dev) for name, dev, _ in allocated])
-            prepared = PreparedClaim(
+                return claims[ref.uid], False
+            ids = self.cdi.write_claim_spec(ref.uid, [(name, dev) for name, dev, _ in allocated])
+            claims[ref.uid] = PreparedClaim(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name,
                 devices=tuple(PreparedDevice(pool=self.options.pool, device=name, requests=tuple(reqs),
                                              cdi_device_ids=tuple(cdi))
                               for (name, _, reqs), cdi in zip(allocated, ids)),
             )
-            claims[ref.uid] = prepared
-        log.info("prepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
-                                          "devices": [d.device for d in prepared.devices]})
+            return claims[ref.uid], True
+
+        prepared, new = await self.checkpoint.update(record)
+        if new:
+            log.info("prepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
+                                              "devices": [d.device for d in prepared.devices]})
         return prepared
 
     async def unprepare(self, ref: ClaimRef) -> None:
         _check_ref(ref)
-        async with self.checkpoint.transaction() as claims:
+
+        def drop(claims: dict[str, PreparedClaim]) -> PreparedClaim | None:
             known = claims.pop(ref.uid, None)
             # Also when unknown: a crash between writing the CDI spec and the checkpoint leaves a spec behind.
-            await asyncio.to_thread(self.cdi.remove_claim_spec, ref.uid)
-        if known is not None:
+            self.cdi.remove_claim_spec(ref.uid)
+            return known
+
+        if await self.checkpoint.update(drop) is not None:
             log.info("unprepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid})
 
     async def _read(self, ref: ClaimRef) -> dict[str, Any]:
