@@ -10,7 +10,7 @@ module converts at the edge with the client's own (de)serializers, so nothing
 else depends on the generated model classes.
 
 RBAC the driver needs (the chart adds it): `get` nodes; `get` resourceclaims;
-`list`, `watch`, `create`, `update`, `delete` resourceslices.
+`list`, `create`, `update`, `delete` resourceslices.
 """
 
 from __future__ import annotations

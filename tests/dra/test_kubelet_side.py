@@ -280,3 +280,12 @@ async def test_a_corrupt_checkpoint_stops_start_up_and_is_kept(start_driver, roo
     with pytest.raises(CheckpointError, match=f"checkpoint {path}: checksum mismatch"):
         await start_driver()
     assert os.path.exists(path)
+
+
+async def test_subrequests_of_a_prioritized_list_report_their_parent_request(start_driver, roots, apiserver):
+    """firstAvailable: the allocation names `<request>/<subrequest>`; the kubelet matches containers by `<request>`."""
+    await start_driver()
+    plugin = await register(registration_sockets(roots[0])[0])
+    uid = apiserver.add_claim("team", "either", [result("gpu-0", "gpu/h100"), result("nic-mlx5-0", "gpu/h100")])
+    [a, b] = (await plugin.prepare(("team", uid, "either"))).claims[uid].devices
+    assert list(a.request_names) == list(b.request_names) == ["gpu"]
