@@ -10,6 +10,16 @@ What survives a restart of this process: the checkpoint (prepared claims) and
 the published slices. The kubelet re-registers us by itself when it restarts
 (its plugin watcher walks plugins_registry at start), so there is no socket
 watching here, unlike the device-plugin side.
+
+Wiring (for the daemon): with `include` selecting the devices whose resource
+is in DRA mode (and the device-plugin side leaving exactly those out),
+
+    api = await in_cluster_api()                       # plugin.dra.kubeapi
+    driver = DraDriver(DraOptions(SliceOptions(node_name=NODE_NAME, include=in_dra_mode),
+                                  instance_id=POD_UID), api)
+    await driver.start(topology)                       # CheckpointError: exit 2, message names the file
+    driver.update(new_topology)                        # on every topology change (health, hot-plug)
+    await driver.stop(); await api.close()             # on SIGTERM
 """
 
 from __future__ import annotations
