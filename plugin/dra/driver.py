@@ -14,7 +14,7 @@ watching here, unlike the device-plugin side.
 Wiring (for the daemon): with `include` selecting the devices whose resource
 is in DRA mode (and the device-plugin side leaving exactly those out),
 
-    api = await in_cluster_api()                       # plugin.dra.kubeapi
+    api = await in_cluster_api()                       # plugin.dra.kubeapi; kubeconfig_api(path) outside a pod
     driver = DraDriver(DraOptions(SliceOptions(node_name=NODE_NAME, include=in_dra_mode),
                                   instance_id=POD_UID), api)
     await driver.start(topology)                       # CheckpointError: exit 2, message names the file

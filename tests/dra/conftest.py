@@ -1,4 +1,4 @@
-"""Fixtures for the DRA tests: the stand-in API server, the official client pointed at it, topologies."""
+"""Fixtures for the DRA tests: the stand-in API server, the driver's API client pointed at it, topologies."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from plugin.sources.simulated import load_simulated
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from apiserver_standin import ApiServerStandIn  # noqa: E402
+from apiserver_standin import ApiServerStandIn, write_kubeconfig  # noqa: E402
 
 NODE = "node-a"
 
@@ -25,13 +25,11 @@ async def apiserver():
 
 
 @pytest.fixture
-async def kube_api(apiserver):
-    from kubernetes.aio import client
+async def kube_api(apiserver, tmp_path):
+    """The driver's API client as the kubeconfig path option (tests, e2e) builds it."""
+    from plugin.dra.kubeapi import kubeconfig_api
 
-    from plugin.dra.kubeapi import KubeApi
-
-    config = client.Configuration(host=apiserver.url)
-    api = KubeApi(client.ApiClient(config))
+    api = await kubeconfig_api(write_kubeconfig(tmp_path / "kubeconfig", apiserver.url))
     yield api
     await api.close()
 
