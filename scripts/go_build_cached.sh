@@ -21,15 +21,6 @@ BIN_DIR="$CACHE/bin"
 
 log() { printf '%s build: %s\n' "$NAME" "$*" >&2; }
 
-key="$(cd "$DIR" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16)"
-TARGET="$BIN_DIR/$NAME-$key"
-if [[ -x "$TARGET" ]]; then printf '%s\n' "$TARGET"; exit 0; fi
-
-mkdir -p "$BIN_DIR"
-exec 9>"$BIN_DIR/.$NAME.lock"
-flock 9
-if [[ -x "$TARGET" ]]; then printf '%s\n' "$TARGET"; exit 0; fi
-
 GO_BIN="${GO:-}"
 if [[ -z "$GO_BIN" ]]; then
   if command -v go >/dev/null 2>&1; then GO_BIN="$(command -v go)"
@@ -40,6 +31,16 @@ if [[ -z "$GO_BIN" ]] || ! "$GO_BIN" version >/dev/null 2>&1; then
   log "no Go toolchain found (set GO=/path/to/go)"
   exit 3
 fi
+
+# The key covers the sources and the Go version, so an edit or a new toolchain rebuilds.
+key="$( (cd "$DIR" && cat go.mod go.sum ./*.go; "$GO_BIN" version) | sha256sum | cut -c1-16)"
+TARGET="$BIN_DIR/$NAME-$key"
+if [[ -x "$TARGET" ]]; then printf '%s\n' "$TARGET"; exit 0; fi
+
+mkdir -p "$BIN_DIR"
+exec 9>"$BIN_DIR/.$NAME.lock"
+flock 9
+if [[ -x "$TARGET" ]]; then printf '%s\n' "$TARGET"; exit 0; fi
 
 start=$(date +%s)
 tmp="$TARGET.tmp.$$"
