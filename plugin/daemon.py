@@ -122,8 +122,8 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._retry_handle: asyncio.TimerHandle | None = None
         self._retries: dict[str, _Retry] = {}
-        #: The Register call in flight per resource, with the kubelet.sock it went to.
-        self._registering: dict[str, tuple[asyncio.Task, SocketIdentity]] = {}
+        #: The Register call in flight per resource (at most one, never cancelled while we run).
+        self._registering: dict[str, asyncio.Task] = {}
         self._side_tasks: set[asyncio.Task] = set()
         self._reload_lock = asyncio.Lock()
         self._kubelet_seen: tuple | None = None
@@ -229,7 +229,7 @@ class Daemon:
     async def _shutdown(self, watcher: PluginDirWatcher) -> None:
         """Empty device list on open streams, stop serving, remove sockets."""
         watcher.stop()
-        pending = [*self._tasks, *self._side_tasks, *(t for t, _ in self._registering.values())]
+        pending = [*self._tasks, *self._side_tasks, *self._registering.values()]
         for t in pending:
             t.cancel()
         for t in pending:
@@ -331,9 +331,6 @@ class Daemon:
             self.metrics.kubelet_restarts.inc()
         if kubelet is not None:
             self._kubelet_seen = kubelet
-            # A Register sent to a kubelet.sock that has since been replaced went to a kubelet that
-            # is gone: it can never complete, so it must not hold up the new registration.
-            await self._abandon_registrations(lambda sent_to: sent_to != kubelet)
         now = loop.time()
         restart = [
             s for s in self.servers.values()
@@ -358,8 +355,8 @@ class Daemon:
             for s in self.servers.values():
                 if (s.serving and s.registered_with != kubelet and s.name not in self._registering
                         and self._retry(s.name).due(now)):
-                    task = loop.create_task(self._register_one(s, kubelet), name=f"register {s.name}")
-                    self._registering[s.name] = (task, kubelet)
+                    self._registering[s.name] = loop.create_task(self._register_one(s, kubelet),
+                                                                 name=f"register {s.name}")
         self._plan_next_round(kubelet is None)
 
     async def _start(self, s: ResourceServer) -> None:
@@ -374,15 +371,6 @@ class Daemon:
         else:
             self._retry(s.name).succeeded()
 
-    async def _abandon_registrations(self, stale: Callable[[SocketIdentity], bool]) -> None:
-        for name, (task, sent_to) in list(self._registering.items()):
-            if stale(sent_to):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                if self._registering.get(name, (None,))[0] is task:
-                    del self._registering[name]
-
     def _plan_next_round(self, waiting_for_kubelet: bool) -> None:
         """Wake the supervisor for the earliest per-resource retry (and the slow kubelet.sock poll)."""
         now = asyncio.get_running_loop().time()
@@ -394,7 +382,14 @@ class Daemon:
             self._wake_in(min(waits))
 
     async def _register_one(self, s: ResourceServer, kubelet: SocketIdentity) -> None:
-        """One Register call, awaited to its end however long the kubelet takes (see `register`)."""
+        """One Register call, awaited to its end however long the kubelet takes (see `register`).
+
+        Never cancelled while the daemon runs, not even when kubelet.sock is replaced: a call to a
+        kubelet that died fails by itself (its connection closes), while a call that reached the
+        new kubelet (the socket may change between our look and the connect) is completed by that
+        kubelet whatever we do, so abandoning it and registering again would leave two
+        registrations (kubernetes #121994).
+        """
         try:
             await register(self.kubelet_socket, os.path.basename(s.socket_path), s.name,
                            slow_after=self.options.register_timeout_s)
@@ -406,13 +401,15 @@ class Daemon:
                                                                    "retry_in_s": round(delay, 2)})
         else:
             if self.servers.get(s.name) is s and s.serving:
-                s.registered_with = kubelet
+                # The kubelet that answered is the one listening now: kubelet.sock may have been
+                # replaced (a crashed kubelet's stale socket) between our look and the connect.
+                s.registered_with = socket_identity(self.kubelet_socket) or kubelet
                 self._retry(s.name).succeeded()
                 self.metrics.registrations.labels(s.name).inc()
                 log.info("registered with the kubelet", extra={"resource": s.name,
                                                                "endpoint": os.path.basename(s.socket_path)})
         finally:
-            if self._registering.get(s.name, (None,))[0] is asyncio.current_task():
+            if self._registering.get(s.name) is asyncio.current_task():
                 del self._registering[s.name]
             self.kick()
 

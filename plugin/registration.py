@@ -60,7 +60,7 @@ async def register(kubelet_socket: str, endpoint: str, resource_name: str, timeo
     then keeps the client), so a plugin that times out and registers again
     ends up with two registrations and two streams for one resource, and the
     first stream to end disconnects the newer client (kubernetes #121994).
-    A call is abandoned only when that kubelet is gone (see the daemon).
+    A call ends when that kubelet answers or dies (its connection closes).
     `slow_after` only logs, once, that the kubelet is slow to answer.
     """
     request = api_pb2.RegisterRequest(
@@ -82,7 +82,7 @@ async def register(kubelet_socket: str, endpoint: str, resource_name: str, timeo
                                     extra={"resource": resource_name, "waited_s": slow_after})
                 await call
             finally:
-                if not call.done():  # we were cancelled: that kubelet is gone, end the RPC
+                if not call.done():  # we were cancelled (shutdown): end the RPC
                     call.cancel()
                     with contextlib.suppress(BaseException):
                         await call

@@ -16,6 +16,7 @@ from daemon_testlib import GPU, NIC, until
 
 from plugin.daemon import Daemon, DaemonOptions
 from plugin.kubelet_standin import KubeletStandin
+from plugin.registration import socket_identity
 from plugin.resources import ResourceOptions
 from plugin.sources.simulated.source import SimulatedSource
 
@@ -61,6 +62,43 @@ async def test_a_slow_register_never_leaves_two_registrations_or_streams(plugin_
             assert not kubelet.client(GPU).stopped and len(kubelet.devices(GPU)) == 8
     finally:
         await kubelet.stop()
+
+
+async def test_a_pending_register_is_not_abandoned_when_kubelet_sock_changes(plugin_dir):
+    """kubelet.sock may change between the daemon's look and its connect (a crashed kubelet's stale
+    socket replaced by the new kubelet's): a call in flight may have reached the live kubelet,
+    which completes it whatever the caller does, so it must never be dropped for a second one."""
+    kubelet = KubeletStandin(plugin_dir)
+    kubelet.register_gate = asyncio.Event()
+    await kubelet.start()
+    try:
+        async with in_process_daemon(plugin_dir) as daemon:
+            await kubelet.wait_for(lambda: kubelet.registers_in_flight == 2, timeout=20)
+            # The same live listener under a new identity (rename changes the ctime), as the daemon sees it.
+            before = socket_identity(kubelet.socket_path)
+            moved = kubelet.socket_path + ".moved"
+            os.rename(kubelet.socket_path, moved)
+            os.rename(moved, kubelet.socket_path)
+            assert socket_identity(kubelet.socket_path) != before
+            # the daemon reacts to the event (it counts a kubelet restart) while both calls are still held
+            await until(lambda: "topo_dp_kubelet_restarts_total 1.0" in _metrics(daemon), 20,
+                        "the daemon to notice the new kubelet.sock")
+            await asyncio.sleep(0.5)  # only a window in which a wrong second Register would arrive and be counted
+            kubelet.register_gate.set()
+            await kubelet.wait_for(lambda: kubelet.registers_in_flight == 0, timeout=20)
+            await until(lambda: daemon.ready()[0], 20, "the daemon to see itself registered")
+            await kubelet.wait_for(lambda: all(kubelet.devices(r) for r in (GPU, NIC)), timeout=20)
+            assert kubelet.register_calls == 2
+            assert [len(kubelet.registrations_of(r)) for r in (GPU, NIC)] == [1, 1]
+            assert kubelet.live_streams == {GPU: 1, NIC: 1} and kubelet.max_live_streams == {GPU: 1, NIC: 1}
+    finally:
+        await kubelet.stop()
+
+
+def _metrics(daemon: Daemon) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(daemon.metrics.registry).decode()
 
 
 async def test_kubelet_sock_creation_alone_leads_to_register(plugin_dir, caplog):
