@@ -60,9 +60,9 @@ class DaemonOptions:
     retry_max_s: float = 10.0
     #: Slow re-check while kubelet.sock is missing, in case an inotify event is lost.
     kubelet_poll_s: float = 5.0
-    #: A Register unanswered this long is logged as slow. It is never abandoned while the same
-    #: kubelet lives: the kubelet completes it anyway, and a second one would leave two
-    #: registrations and two streams (kubernetes #121994).
+    #: A Register unanswered this long is logged as slow. It is never abandoned: the kubelet
+    #: completes it anyway, and a second one would leave two registrations and two streams
+    #: (kubernetes #121994).
     register_timeout_s: float = 15.0
     #: The config file to watch; a valid change is applied live (see `reload_resources`).
     config_path: str | None = None
@@ -395,7 +395,11 @@ class Daemon:
                            slow_after=self.options.register_timeout_s)
         except Exception as e:  # RegistrationError: the kubelet's reason; anything else is ours, still retried
             self.metrics.registration_failures.labels(s.name).inc()
-            delay = self._retry(s.name).failed(asyncio.get_running_loop().time())
+            now_kubelet = socket_identity(self.kubelet_socket)
+            if now_kubelet is not None and now_kubelet != kubelet:
+                delay = 0.0  # the kubelet we called is gone and a new one listens: try that one at once
+            else:
+                delay = self._retry(s.name).failed(asyncio.get_running_loop().time())
             reason = str(e) if isinstance(e, RegistrationError) else f"{type(e).__name__}: {e}"
             log.warning("registration failed; will retry", extra={"resource": s.name, "reason": reason,
                                                                    "retry_in_s": round(delay, 2)})
