@@ -9,16 +9,47 @@ only needs to know `AllocationError` -> INVALID_ARGUMENT.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from .pairing import NO_PARTNERS, Partners
 from .topology import DeviceGraph
 
+#: How many offending IDs a message names, and how many characters of each (the rest is "+N more").
+#: Why: a message echoing every ID of a 4 MB request exceeds the 16 KiB a default gRPC C-core
+#: client accepts in status details (it then reports RESOURCE_EXHAUSTED, hiding the real error),
+#: and fills the log.
+BRIEF_IDS = 5
+BRIEF_ID_CHARS = 48
+
+
+def brief_ids(ids: Iterable[str], limit: int = BRIEF_IDS, width: int = BRIEF_ID_CHARS) -> str:
+    """`a, b, c +7 more`: a few IDs, each cut to `width` characters and escaped to printable ASCII."""
+    shown: list[str] = []
+    more = 0
+    for i in ids:
+        if len(shown) < limit:
+            text = ascii(i[: width + 1])[1:-1]
+            shown.append(text if len(i) <= width and len(text) <= width
+                         else f"{text[:width]}...({len(i)} chars)")
+        else:
+            more += 1
+    return ", ".join(shown) + (f" +{more} more" if more else "")
+
 
 class AllocationError(ValueError):
     """A request that can never be answered; the message names the offending IDs or numbers."""
+
+
+def check_list_sizes(devices: int, available: int, must_include: int) -> None:
+    """Refuse ID lists longer than the resource's device count (they must repeat or invent IDs).
+
+    Takes only the lengths, so a caller can check a request before converting it.
+    """
+    for field, n in (("available_deviceIDs", available), ("must_include_deviceIDs", must_include)):
+        if n > devices:
+            raise AllocationError(f"{field} lists {n} IDs but the resource has only {devices} devices")
 
 
 @dataclass(frozen=True)
@@ -42,23 +73,36 @@ class AllocationRequest:
         return cls(tuple(available), tuple(must_include), int(size), partners or NO_PARTNERS)
 
     def validate(self, graph: DeviceGraph) -> None:
-        """Raise AllocationError for every kind of bad request the spec lists."""
+        """Raise AllocationError for every kind of bad request the spec lists.
+
+        The size checks come first and look at lengths only, so an absurd request
+        (more IDs than the resource has devices, an ID longer than any advertised
+        one) is refused before any work proportional to its size.
+        """
+        check_list_sizes(len(graph.ids), len(self.available), len(self.must_include))
+        longest = max((len(i) for i in graph.ids), default=0)
+        too_long = [i for i in (*self.available, *self.must_include) if len(i) > longest]
+        if too_long:
+            raise AllocationError(
+                f"unknown device IDs (longer than any ID this plugin advertised, which have at most {longest} "
+                f"characters): {brief_ids(too_long)}"
+            )
         rep = sorted(i for i, c in Counter(self.available).items() if c > 1)
         if rep:
-            raise AllocationError(f"available_deviceIDs repeats IDs: {', '.join(rep)}")
+            raise AllocationError(f"available_deviceIDs repeats IDs: {brief_ids(rep)}")
         rep = sorted(i for i, c in Counter(self.must_include).items() if c > 1)
         if rep:
-            raise AllocationError(f"must_include_deviceIDs repeats IDs: {', '.join(rep)}")
+            raise AllocationError(f"must_include_deviceIDs repeats IDs: {brief_ids(rep)}")
         known = set(graph.ids)
         unknown = [i for i in self.available if i not in known]
         unknown += [i for i in self.must_include if i not in known and i not in unknown]
         if unknown:
-            raise AllocationError(f"unknown device IDs (never advertised by this plugin): {', '.join(unknown)}")
+            raise AllocationError(f"unknown device IDs (never advertised by this plugin): {brief_ids(unknown)}")
         avail = set(self.available)
         missing = [i for i in self.must_include if i not in avail]
         if missing:
             raise AllocationError(
-                f"must_include_deviceIDs not in available_deviceIDs: {', '.join(missing)}"
+                f"must_include_deviceIDs not in available_deviceIDs: {brief_ids(missing)}"
             )
         if self.size <= 0:
             raise AllocationError(f"allocation_size must be positive, got {self.size}")

@@ -5,17 +5,27 @@ real daemon process:
 - time from process start to registered (and first device list received);
 - re-registration latency after kubelet.sock is recreated (kubelet restart), p50/p95;
 - round-trip latency of each RPC, p50/p99;
-- the daemon's resident memory (RSS) and CPU time.
+- the daemon's resident memory (RSS) and CPU time;
+- on a 64-GPU node whose searches no budget proves (tests/daemon/daemon_testlib.py), the same
+  daemon idle and while a maximal GetPreferredAllocation (64 container requests x 64 GPUs, size
+  32) runs again and again: small GetPreferredAllocation and GetDevicePluginOptions round trips;
+  node-file edit -> ListAndWatch update latency (this includes the file watcher's 100 ms debounce
+  and the YAML parse of the 64-GPU file, which competes with the search for the GIL); and the
+  part the event loop owns, publish -> update: from the daemon's "simulated node changed" log
+  line (written just before it publishes the new topology) to the update arriving on the stream.
+  And how fast an absurd request (20,000 container requests) is refused.
 
-Usage: python benchmarks/daemon_bench.py [--node dgx-a100] [--restarts 50] [--calls 500]
+Usage: python benchmarks/daemon_bench.py [--node dgx-a100] [--restarts 50] [--calls 500] [--edits 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import os
 import pathlib
+import re
 import signal
 import statistics
 import subprocess
@@ -27,6 +37,10 @@ import grpc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "daemon"))
+
+import yaml  # noqa: E402
+from daemon_testlib import hard_node_yaml  # noqa: E402
 
 from plugin.api import api_pb2, api_pb2_grpc  # noqa: E402
 from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
@@ -141,12 +155,127 @@ async def main(node: str, restarts: int, calls: int, idle: float) -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
             await kubelet.stop()
+    print_table(f"Daemon benchmark: simulated {node}, {restarts} kubelet restarts, {calls} calls per RPC", rows)
+
+
+def print_table(title: str, rows: list[tuple[str, str]]) -> None:
     width = max(len(r[0]) for r in rows)
-    print(f"\nDaemon benchmark: simulated {node}, {restarts} kubelet restarts, {calls} calls per RPC\n")
+    print(f"\n{title}\n")
     print(f"{'measure':<{width}}  value")
     print(f"{'-' * width}  {'-' * 20}")
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+
+
+def p50_p99(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1000:.1f} / {pct(samples, 99) * 1000:.1f} ms"
+
+
+async def under_search(calls: int, edits: int) -> None:
+    """The daemon idle, then while a maximal search runs without pause (see the module docstring)."""
+    rows: list[tuple[str, str]] = []
+    ids = [str(i) for i in range(64)]
+    maximal = api_pb2.PreferredAllocationRequest()
+    for _ in range(64):
+        maximal.container_requests.add(available_deviceIDs=ids, allocation_size=32)
+    small = api_pb2.PreferredAllocationRequest()
+    small.container_requests.add(available_deviceIDs=ids[:8], allocation_size=4)
+    absurd = api_pb2.PreferredAllocationRequest()
+    for _ in range(20000):
+        absurd.container_requests.add(available_deviceIDs=ids[:8], allocation_size=4)
+    with tempfile.TemporaryDirectory(prefix="tdp-bench-") as d:
+        node = pathlib.Path(d) / "node.yaml"
+        node.write_text(hard_node_yaml())
+        kubelet = KubeletStandin(d)
+        await kubelet.start()
+        log_path = pathlib.Path(d) / "daemon.log"
+        log_file = open(log_path, "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "plugin", "serve", "--simulate", str(node), "--device-plugin-path", d,
+             "--device-id-strategy", "index", "--log-level", "info"], cwd=ROOT, stdout=log_file,
+            stderr=subprocess.STDOUT)
+        received: list[float] = []  # wall-clock time each edit reached the stream
+        try:
+            await kubelet.wait_for(lambda: len(kubelet.devices("nvidia.com/gpu")) == 64, timeout=60)
+            client = kubelet.client("nvidia.com/gpu")
+            endpoint = kubelet.registrations_of("nvidia.com/gpu")[0].endpoint
+            data = yaml.safe_load(node.read_text())
+
+            async def edit_latency(n: int) -> float:
+                """Flip one GPU's health in the node file; seconds until the stream carries it."""
+                gpu = data["gpus"][n % 64]
+                gpu["health"] = "Unhealthy" if gpu.get("health", "Healthy") == "Healthy" else "Healthy"
+                tmp = node.with_suffix(".tmp")
+                tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+                t0 = time.perf_counter()
+                os.replace(tmp, node)
+                want = gpu["health"]
+                await kubelet.wait_for(lambda: client.devices[str(n % 64)].health == want, timeout=60)
+                received.append(time.time())
+                return time.perf_counter() - t0
+
+            def publish_latencies(first: int) -> list[float]:
+                """Receipt minus the daemon's publish log time (ms resolution) for edits from `first` on."""
+                stamps = re.findall(r"^(\S+)Z info \S+ simulated node changed", log_path.read_text(), re.M)
+                published = [datetime.datetime.fromisoformat(t).replace(tzinfo=datetime.timezone.utc).timestamp()
+                             for t in stamps]
+                return [r - p for r, p in zip(received[first:], published[first:])]
+
+            async with grpc.aio.insecure_channel(f"unix:{d}/{endpoint}") as ch:
+                stub = api_pb2_grpc.DevicePluginStub(ch)
+
+                async def measure(label: str) -> None:
+                    cases = (("GetDevicePluginOptions", lambda: stub.GetDevicePluginOptions(api_pb2.Empty())),
+                             ("GetPreferredAllocation (8 free, size 4)", lambda: stub.GetPreferredAllocation(small)))
+                    for name, fn in cases:
+                        samples = []
+                        for _ in range(calls):
+                            t0 = time.perf_counter()
+                            await fn()
+                            samples.append(time.perf_counter() - t0)
+                        rows.append((f"{name} round trip p50 / p99, {label}", p50_p99(samples)))
+                    first = len(received)
+                    lat = [await edit_latency(first + n) for n in range(edits)]
+                    rows.append((f"node edit -> ListAndWatch update p50 / max, {label} (n={edits})",
+                                 f"{statistics.median(lat) * 1000:.0f} / {max(lat) * 1000:.0f} ms"))
+                    pub = publish_latencies(first)
+                    rows.append((f"publish -> ListAndWatch update p50 / max, {label} (n={len(pub)})",
+                                 f"{statistics.median(pub) * 1000:.0f} / {max(pub) * 1000:.0f} ms"))
+
+                await measure("idle")
+                durations: list[float] = []
+                running = True
+
+                async def search_forever() -> None:
+                    while running:
+                        t0 = time.perf_counter()
+                        await stub.GetPreferredAllocation(maximal)
+                        durations.append(time.perf_counter() - t0)
+
+                searcher = asyncio.ensure_future(search_forever())
+                await asyncio.sleep(0.5)
+                await measure("during a maximal search")
+                running = False
+                await searcher
+                rows.append((f"maximal GetPreferredAllocation (64 x 64 GPUs, size 32) p50 (n={len(durations)})",
+                             f"{statistics.median(durations) * 1000:.0f} ms"))
+
+                t0 = time.perf_counter()
+                try:
+                    await stub.GetPreferredAllocation(absurd)
+                    outcome = "answered"
+                except grpc.aio.AioRpcError as e:
+                    outcome = e.code().name
+                rows.append(("20,000 container requests in one call", f"{outcome} after "
+                             f"{(time.perf_counter() - t0) * 1000:.0f} ms"))
+            rows.append(("daemon RSS after the run (peak of the run: VmHWM)", f"{rss_mib(proc.pid):.1f} MiB "
+                         f"({hwm_mib(proc.pid):.1f} MiB)"))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+            log_file.close()
+            await kubelet.stop()
+    print_table(f"Daemon under a maximal search: simulated 64-GPU node, {calls} calls per RPC", rows)
 
 
 if __name__ == "__main__":
@@ -154,6 +283,10 @@ if __name__ == "__main__":
     ap.add_argument("--node", default="dgx-a100")
     ap.add_argument("--restarts", type=int, default=50)
     ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--edits", type=int, default=10, help="node-file edits per phase of the search benchmark")
     ap.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measurement")
+    ap.add_argument("--search-only", action="store_true", help="only the maximal-search table")
     args = ap.parse_args()
-    asyncio.run(main(args.node, args.restarts, args.calls, args.idle))
+    if not args.search_only:
+        asyncio.run(main(args.node, args.restarts, args.calls, args.idle))
+    asyncio.run(under_search(min(args.calls, 200), args.edits))

@@ -5,6 +5,11 @@ resource → `Register` with the kubelet. A supervisor task owns every
 serve/stop/register decision, so inotify bursts, retries and topology
 changes never race each other: events only "kick" it, it debounces, then it
 compares what is served with what should be.
+
+Each resource is served, retried and registered on its own: one that cannot
+be served (say a directory sits at its socket path) backs off and retries
+without holding up the others, and a resource never has more than one
+Register in flight, whatever the kubelet's timing (kubernetes #121994).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import logging
 import os
 import signal
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,9 +28,19 @@ from allocator import NodeTopology, Policy
 from .errors import InputError
 from .filewatch import watch_file
 from .metrics import HealthServer, Metrics
-from .registration import KUBELET_SOCKET, PluginDirWatcher, RegistrationError, register, socket_identity
+from .preferred import DEFAULT_DEADLINE_S
+from .ratelimited_log import RateLimitedLog
+from .registration import (
+    KUBELET_SOCKET,
+    PluginDirWatcher,
+    RegistrationError,
+    SocketIdentity,
+    register,
+    socket_identity,
+)
 from .resources import Resource, ResourceOptions, build_resources
-from .server import PolicyFactory, ResourceServer
+from .search_pool import SearchPool
+from .server import PolicyFactory, RequestHandling, ResourceServer
 from .sources.base import TopologySource
 
 log = logging.getLogger(__name__)
@@ -39,14 +55,44 @@ class DaemonOptions:
     #: After ending a stream a live kubelet still holds, wait this long before registering again,
     #: so the kubelet handles the disconnect first (kubernetes #121994).
     stream_end_grace_s: float = 1.0
-    #: First retry delay after a failed Register (doubles up to `retry_max_s`).
+    #: First retry delay after a resource failed to serve or to register (per resource; doubles up
+    #: to `retry_max_s`).
     retry_initial_s: float = 0.2
     retry_max_s: float = 10.0
     #: Slow re-check while kubelet.sock is missing, in case an inotify event is lost.
     kubelet_poll_s: float = 5.0
+    #: A Register unanswered this long is logged as slow. It is never abandoned: the kubelet
+    #: completes it anyway, and a second one would leave two registrations and two streams
+    #: (kubernetes #121994).
     register_timeout_s: float = 15.0
     #: The config file to watch; a valid change is applied live (see `reload_resources`).
     config_path: str | None = None
+    #: Whole-request deadline of GetPreferredAllocation (why 1 s: `plugin.preferred`).
+    preferred_deadline_s: float = DEFAULT_DEADLINE_S
+    #: Threads for preferred-allocation searches (why threads, why two: `plugin.search_pool`).
+    search_workers: int = 2
+
+
+class _Retry:
+    """One resource's backoff: each resource fails and retries on its own."""
+
+    def __init__(self, initial_s: float, max_s: float):
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.delay = 0.0
+        self.not_before = 0.0
+
+    def failed(self, now: float) -> float:
+        self.delay = self.initial_s if self.delay == 0 else min(self.delay * 2, self.max_s)
+        self.not_before = now + self.delay
+        return self.delay
+
+    def succeeded(self) -> None:
+        self.delay = 0.0
+        self.not_before = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.not_before
 
 
 def default_policy_factory(name: str, options: dict) -> Policy:
@@ -76,8 +122,16 @@ class Daemon:
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._retry_handle: asyncio.TimerHandle | None = None
-        self._backoff = options.retry_initial_s
+        self._retries: dict[str, _Retry] = {}
+        #: The Register call in flight per resource (at most one, never cancelled while we run).
+        self._registering: dict[str, asyncio.Task] = {}
+        self._side_tasks: set[asyncio.Task] = set()
+        self._reload_lock = asyncio.Lock()
         self._kubelet_seen: tuple | None = None
+        #: Shared by every server: one search pool, one rate-limited rejection log, the request deadline.
+        self.handling = RequestHandling(SearchPool(options.search_workers),
+                                        RateLimitedLog(logging.getLogger("plugin.server")),
+                                        options.preferred_deadline_s)
         self.health_server: HealthServer | None = None
         self.started = asyncio.Event()
 
@@ -97,18 +151,23 @@ class Daemon:
 
     # -- life cycle -------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None, install_signals: bool = True) -> int:
-        """Serve until `stop` is set or SIGTERM/SIGINT; returns the exit code."""
+        """Serve until `stop` is set or SIGTERM/SIGINT/SIGQUIT; SIGHUP reloads the config. Returns the exit code."""
         loop = asyncio.get_running_loop()
         stop = stop or asyncio.Event()
+        # SIGQUIT is a shutdown request like SIGTERM (its default would dump core and leave sockets
+        # behind); SIGHUP, whose default would kill us, reloads the config as a file change does.
+        handlers = {signal.SIGTERM: stop.set, signal.SIGINT: stop.set, signal.SIGQUIT: stop.set,
+                    signal.SIGHUP: self._on_sighup}
         if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
+            for sig, handler in handlers.items():
+                loop.add_signal_handler(sig, handler)
         self.topology = await asyncio.to_thread(self.source.load)
         resources = build_resources(self.topology, self.resource_options)
         log.info("topology discovered", extra={"source": self.source.description,
                                                "devices": len(self.topology.devices),
                                                "resources": ", ".join(r.name for r in resources) or "none"})
         os.makedirs(self.options.plugin_dir, mode=0o750, exist_ok=True)
+        self._warn_if_world_writable()
         watcher = PluginDirWatcher(self.options.plugin_dir, loop, self._on_kubelet_socket, self._on_socket_removed)
         watcher.start()
         if self.options.metrics_address:
@@ -116,7 +175,7 @@ class Daemon:
             self.health_server.start()
         try:
             for r in resources:
-                self.servers[r.name] = ResourceServer(self.options.plugin_dir, r, self.policy_factory, self.metrics)
+                self.servers[r.name] = self._new_server(r)
                 self._count_devices(r)
             self._tasks = [
                 asyncio.create_task(self._supervise(), name="supervisor"),
@@ -125,7 +184,7 @@ class Daemon:
             ]
             if self.options.config_path and self.reload_resources:
                 self._tasks.append(asyncio.create_task(
-                    watch_file(self.options.config_path, self._reload_config), name="config-watch"))
+                    watch_file(self.options.config_path, self._reload_serialised), name="config-watch"))
             self.kick()
             self.started.set()
             stopper = asyncio.create_task(stop.wait())
@@ -138,20 +197,50 @@ class Daemon:
         finally:
             await self._shutdown(watcher)
             if install_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
+                for sig in handlers:
                     loop.remove_signal_handler(sig)
+
+    def _new_server(self, r: Resource) -> ResourceServer:
+        return ResourceServer(self.options.plugin_dir, r, self.policy_factory, self.metrics, self.handling)
+
+    def _warn_if_world_writable(self) -> None:
+        """Anyone who can write the directory can replace our sockets or plant a fake kubelet.sock."""
+        path = self.options.plugin_dir
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & stat.S_IWOTH:
+            log.warning("the device-plugin directory is world-writable: any local user can replace the plugin's "
+                        "sockets or plant a fake kubelet.sock",
+                        extra={"dir": path, "mode": f"{mode:04o}",
+                               "fix": f"chmod o-w {path} (the kubelet creates it with mode 0750)"})
+
+    def _on_sighup(self) -> None:
+        if self.reload_resources is None:
+            log.info("SIGHUP received; there is no configuration to reload")
+            return
+        log.info("SIGHUP received; reloading the configuration", extra={"config": self.options.config_path})
+        task = asyncio.get_running_loop().create_task(self._reload_serialised(), name="sighup-reload")
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _reload_serialised(self) -> None:
+        """A config-file change and a SIGHUP may arrive together: apply one reload at a time."""
+        async with self._reload_lock:
+            await self._reload_config()
 
     async def _shutdown(self, watcher: PluginDirWatcher) -> None:
         """Empty device list on open streams, stop serving, remove sockets."""
         watcher.stop()
-        for t in self._tasks:
+        pending = [*self._tasks, *self._side_tasks, *self._registering.values()]
+        for t in pending:
             t.cancel()
-        for t in self._tasks:
+        for t in pending:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         if self._retry_handle:
             self._retry_handle.cancel()
         await asyncio.gather(*(s.stop(send_empty=True) for s in self.servers.values()))
+        self.handling.search.close()
+        self.handling.limited_log.flush(force=True)
         if self.health_server:
             self.health_server.stop()
         log.info("stopped")
@@ -159,6 +248,7 @@ class Daemon:
     async def _heartbeat(self) -> None:
         while True:
             self.metrics.beat()
+            self.handling.limited_log.flush()  # "suppressed N similar" once a window has ended
             await asyncio.sleep(1.0)
 
     # -- events -------------------------------------------------------------
@@ -199,7 +289,7 @@ class Daemon:
             if name in self.servers:
                 await self.servers[name].update(r)
             else:
-                self.servers[name] = ResourceServer(self.options.plugin_dir, r, self.policy_factory, self.metrics)
+                self.servers[name] = self._new_server(r)
                 log.info("resource added", extra={"resource": name})
                 self.kick()
 
@@ -234,19 +324,29 @@ class Daemon:
                 await self._reconcile()
             except Exception:  # never let one bad round kill registration for good
                 log.exception("reconcile failed; retrying")
-                self._schedule_retry()
+                self._wake_in(self.options.retry_initial_s)
+
+    def _retry(self, name: str) -> _Retry:
+        r = self._retries.get(name)
+        if r is None:
+            r = self._retries[name] = _Retry(self.options.retry_initial_s, self.options.retry_max_s)
+        return r
 
     async def _reconcile(self) -> None:
+        loop = asyncio.get_running_loop()
         kubelet = socket_identity(self.kubelet_socket)
         if kubelet is not None and self._kubelet_seen is not None and kubelet != self._kubelet_seen:
             self.metrics.kubelet_restarts.inc()
         if kubelet is not None:
             self._kubelet_seen = kubelet
+        now = loop.time()
         restart = [
             s for s in self.servers.values()
-            if not s.serving
-            or not s.socket_is_ours()
-            or (kubelet is not None and s.registered_with is not None and s.registered_with != kubelet)
+            # never restart under a Register in flight: its answer would belong to a stopped server
+            if s.name not in self._registering and self._retry(s.name).due(now)
+            and (not s.serving
+                 or not s.socket_is_ours()
+                 or (kubelet is not None and s.registered_with is not None and s.registered_with != kubelet))
         ]
         had_streams = False
         for s in restart:
@@ -255,69 +355,80 @@ class Daemon:
         if had_streams:
             await asyncio.sleep(self.options.stream_end_grace_s)
         for s in restart:
-            await s.start()
+            await self._start(s)
         if kubelet is None:
             log.info("waiting for the kubelet", extra={"socket": self.kubelet_socket})
-            self._schedule_retry(self.options.kubelet_poll_s)
-            return
-        pending = [s for s in self.servers.values() if s.serving and s.registered_with != kubelet]
-        results = await self._register_all(pending, kubelet)
-        if results is None:
-            return  # the kubelet restarted meanwhile; the next round registers with the new one
-        if not all(results):
-            self._schedule_retry()
         else:
-            self._backoff = self.options.retry_initial_s
+            now = loop.time()
+            for s in self.servers.values():
+                if (s.serving and s.registered_with != kubelet and s.name not in self._registering
+                        and self._retry(s.name).due(now)):
+                    self._registering[s.name] = loop.create_task(self._register_one(s, kubelet),
+                                                                 name=f"register {s.name}")
+        self._plan_next_round(kubelet is None)
 
-    async def _register_all(self, servers: list[ResourceServer], kubelet: tuple) -> list[bool] | None:
-        """Register every server concurrently; give up (None) as soon as kubelet.sock is replaced.
-
-        Why: the kubelet dials us back inside Register with a 10 s timeout, so a
-        call caught by a kubelet restart can hang; the new kubelet must not wait for it.
-        """
-        tasks = [asyncio.create_task(self._register_one(s, kubelet)) for s in servers]
-        if not tasks:
-            return []
-        watch_kicks = True
+    async def _start(self, s: ResourceServer) -> None:
+        """Serve one resource; a failure is logged and retried later for this resource alone."""
         try:
-            while True:
-                kick = asyncio.create_task(self._kick.wait()) if watch_kicks else None
-                waiting = [t for t in tasks if not t.done()]
-                if not waiting:
-                    return [t.result() for t in tasks]
-                await asyncio.wait(waiting + ([kick] if kick else []), return_when=asyncio.FIRST_COMPLETED)
-                if kick is not None:
-                    if not kick.done():
-                        kick.cancel()
-                    elif socket_identity(self.kubelet_socket) != kubelet:
-                        return None
-                    else:
-                        watch_kicks = False  # an unrelated event; the next round handles it
-        finally:
-            for t in tasks:
-                t.cancel()
+            await s.start()
+        except Exception as e:  # OSError, or RuntimeError from gRPC's bind
+            delay = self._retry(s.name).failed(asyncio.get_running_loop().time())
+            log.warning("cannot serve resource; will retry", extra={
+                "resource": s.name, "socket": s.socket_path, "reason": f"{type(e).__name__}: {e}",
+                "retry_in_s": round(delay, 2)})
+        else:
+            self._retry(s.name).succeeded()
 
-    async def _register_one(self, s: ResourceServer, kubelet: tuple) -> bool:
+    def _plan_next_round(self, waiting_for_kubelet: bool) -> None:
+        """Wake the supervisor for the earliest per-resource retry (and the slow kubelet.sock poll)."""
+        now = asyncio.get_running_loop().time()
+        waits = [r.not_before - now for name, r in self._retries.items()
+                 if name in self.servers and r.not_before > now]
+        if waiting_for_kubelet:
+            waits.append(self.options.kubelet_poll_s)
+        if waits:
+            self._wake_in(min(waits))
+
+    async def _register_one(self, s: ResourceServer, kubelet: SocketIdentity) -> None:
+        """One Register call, awaited to its end however long the kubelet takes (see `register`).
+
+        Never cancelled while the daemon runs, not even when kubelet.sock is replaced: a call to a
+        kubelet that died fails by itself (its connection closes), while a call that reached the
+        new kubelet (the socket may change between our look and the connect) is completed by that
+        kubelet whatever we do, so abandoning it and registering again would leave two
+        registrations (kubernetes #121994).
+        """
         try:
             await register(self.kubelet_socket, os.path.basename(s.socket_path), s.name,
-                           timeout=self.options.register_timeout_s)
-        except RegistrationError as e:
+                           slow_after=self.options.register_timeout_s)
+        except Exception as e:  # RegistrationError: the kubelet's reason; anything else is ours, still retried
             self.metrics.registration_failures.labels(s.name).inc()
-            log.warning("registration failed", extra={"resource": s.name, "reason": str(e)})
-            return False
-        s.registered_with = kubelet
-        self.metrics.registrations.labels(s.name).inc()
-        log.info("registered with the kubelet", extra={"resource": s.name,
-                                                       "endpoint": os.path.basename(s.socket_path)})
-        return True
+            now_kubelet = socket_identity(self.kubelet_socket)
+            if now_kubelet is not None and now_kubelet != kubelet:
+                delay = 0.0  # the kubelet we called is gone and a new one listens: try that one at once
+            else:
+                delay = self._retry(s.name).failed(asyncio.get_running_loop().time())
+            reason = str(e) if isinstance(e, RegistrationError) else f"{type(e).__name__}: {e}"
+            log.warning("registration failed; will retry", extra={"resource": s.name, "reason": reason,
+                                                                   "retry_in_s": round(delay, 2)})
+        else:
+            if self.servers.get(s.name) is s and s.serving:
+                # The kubelet that answered is the one listening now: kubelet.sock may have been
+                # replaced (a crashed kubelet's stale socket) between our look and the connect.
+                s.registered_with = socket_identity(self.kubelet_socket) or kubelet
+                self._retry(s.name).succeeded()
+                self.metrics.registrations.labels(s.name).inc()
+                log.info("registered with the kubelet", extra={"resource": s.name,
+                                                               "endpoint": os.path.basename(s.socket_path)})
+        finally:
+            if self._registering.get(s.name) is asyncio.current_task():
+                del self._registering[s.name]
+            self.kick()
 
-    def _schedule_retry(self, delay: float | None = None) -> None:
-        if delay is None:
-            delay = self._backoff
-            self._backoff = min(self._backoff * 2, self.options.retry_max_s)
+    def _wake_in(self, delay: float) -> None:
         if self._retry_handle:
             self._retry_handle.cancel()
-        self._retry_handle = asyncio.get_running_loop().call_later(delay, self.kick)
+        self._retry_handle = asyncio.get_running_loop().call_later(max(0.0, delay), self.kick)
 
 
 def run_daemon(make: Callable[[], Daemon]) -> int:

@@ -12,6 +12,7 @@ Why it works this way (see shared/research/kubelet-device-manager.md §2):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import stat
@@ -50,8 +51,18 @@ def socket_identity(path: str) -> SocketIdentity | None:
     return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
 
 
-async def register(kubelet_socket: str, endpoint: str, resource_name: str, timeout: float = 15.0) -> None:
-    """Call Registration.Register on `kubelet_socket`; raise RegistrationError with the kubelet's reason."""
+async def register(kubelet_socket: str, endpoint: str, resource_name: str, timeout: float | None = None,
+                   slow_after: float | None = None) -> None:
+    """Call Registration.Register on `kubelet_socket`; raise RegistrationError with the kubelet's reason.
+
+    `timeout` gives up on the call; the daemon passes none. Why: the kubelet
+    finishes a Register even when its caller has given up (it dials us back,
+    then keeps the client), so a plugin that times out and registers again
+    ends up with two registrations and two streams for one resource, and the
+    first stream to end disconnects the newer client (kubernetes #121994).
+    A call ends when that kubelet answers or dies (its connection closes).
+    `slow_after` only logs, once, that the kubelet is slow to answer.
+    """
     request = api_pb2.RegisterRequest(
         version=API_VERSION,
         endpoint=endpoint,
@@ -61,7 +72,20 @@ async def register(kubelet_socket: str, endpoint: str, resource_name: str, timeo
     try:
         async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}") as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)
-            await stub.Register(request, timeout=timeout, wait_for_ready=False)
+            call = asyncio.ensure_future(stub.Register(request, timeout=timeout, wait_for_ready=False))
+            try:
+                if slow_after is not None:
+                    done, _ = await asyncio.wait([call], timeout=slow_after)
+                    if not done:
+                        log.warning("the kubelet has not answered Register yet; still waiting for it rather than "
+                                    "registering twice (kubernetes #121994)",
+                                    extra={"resource": resource_name, "waited_s": slow_after})
+                await call
+            finally:
+                if not call.done():  # we were cancelled (shutdown): end the RPC
+                    call.cancel()
+                    with contextlib.suppress(BaseException):
+                        await call
     except grpc.aio.AioRpcError as e:
         raise RegistrationError(
             f"Register {resource_name} at {kubelet_socket} failed: {e.code().name}: {e.details()}"
@@ -99,6 +123,8 @@ class PluginDirWatcher(FileSystemEventHandler):
         if os.path.basename(event.dest_path) == KUBELET_SOCKET:
             self._post(self._on_kubelet_socket)
         self._post(self._on_socket_removed, os.fsdecode(event.src_path))
+        # Something renamed over a path replaces what was there (e.g. one of our sockets).
+        self._post(self._on_socket_removed, os.fsdecode(event.dest_path))
 
     def on_deleted(self, event: FileSystemEvent) -> None:
         if not event.is_directory:

@@ -6,7 +6,11 @@ server knows nothing of discovery or scoring: it publishes the `Resource` it
 is given and asks the resource's policy for preferred allocations.
 
 Every bad request gets INVALID_ARGUMENT naming the problem, and the server
-keeps serving: a request can never take the daemon down.
+keeps serving: a request can never take the daemon down. A request can
+neither stall it: searches run on worker threads under a whole-request
+deadline (`plugin.preferred`), every message names a few offending IDs and
+"+N more" (never the whole request), and rejections are logged at a bounded
+rate.
 """
 
 from __future__ import annotations
@@ -16,20 +20,46 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 
-from allocator import AllocationError, AllocationRequest, Policy
+from allocator import AllocationError, Policy
+from allocator.request import brief_ids
 
+from . import preferred
 from .allocate_response import ContainerAllocation
 from .api import api_pb2, api_pb2_grpc
 from .metrics import Metrics
+from .ratelimited_log import RateLimitedLog, reason_kind
 from .registration import SocketIdentity, socket_identity
 from .resources import Resource
+from .search_pool import SearchPool
+from .socket_file import remove_if_ours, serve_at
 
 log = logging.getLogger(__name__)
 
 PolicyFactory = Callable[[str, dict], Policy]
+
+#: Longest status message we send: far below the 16 KiB of status details a default gRPC
+#: C-core client accepts (beyond that it reports RESOURCE_EXHAUSTED instead of our message).
+MAX_MESSAGE_CHARS = 1024
+
+
+@dataclass
+class RequestHandling:
+    """What every server of one daemon shares to keep requests bounded.
+
+    One search pool for all resources (the searches share the GIL anyway) and
+    one rate-limited log for the lines a client can trigger at will (rejected
+    requests, answers not proven optimal), so its limit holds for the whole
+    daemon and survives server restarts.
+    """
+
+    search: SearchPool = field(default_factory=SearchPool)
+    limited_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
+    #: Whole-request deadline of GetPreferredAllocation (why 1 s: `plugin.preferred`).
+    deadline_s: float = preferred.DEFAULT_DEADLINE_S
 
 
 def device_message(resource: Resource) -> api_pb2.ListAndWatchResponse:
@@ -55,6 +85,10 @@ def to_proto(a: ContainerAllocation) -> api_pb2.ContainerAllocateResponse:
     return resp
 
 
+def bounded(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    return message if len(message) <= limit else message[: limit - 20] + " ...(message cut)"
+
+
 def _duplicates(ids: Sequence[str]) -> list[str]:
     seen: set[str] = set()
     dup: list[str] = []
@@ -68,11 +102,13 @@ def _duplicates(ids: Sequence[str]) -> list[str]:
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     """The RPC handlers. Holds the current `Resource`; `update()` swaps it atomically."""
 
-    def __init__(self, resource: Resource, policy_factory: PolicyFactory, metrics: Metrics):
+    def __init__(self, resource: Resource, policy_factory: PolicyFactory, metrics: Metrics,
+                 handling: RequestHandling | None = None):
         self._resource = resource
         self._policy_factory = policy_factory
         self._policy = policy_factory(resource.policy, dict(resource.policy_options))
         self._metrics = metrics
+        self._handling = handling or RequestHandling()
         self._version = 0
         self._changed = asyncio.Condition()
         self._closing = False
@@ -131,23 +167,29 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(self, request, context):  # noqa: N802
         resource, policy = self._resource, self._policy
         self._metrics.rpc("GetPreferredAllocation", resource.name)
+        # The deadline counts from arrival: time spent waiting for a worker is part of it.
+        budget = self._handling.deadline_s
+        client_left = context.time_remaining()
+        if client_left is not None:
+            budget = min(budget, client_left)
+        deadline = time.monotonic() + budget
+        pool = self._handling.search
+        try:
+            preferred.check_shape(request, len(resource.devices))
+            requests = await pool.run(preferred.validate_all, resource.graph, request)
+        except AllocationError as e:
+            await self._reject(context, "GetPreferredAllocation", str(e))
         resp = api_pb2.PreferredAllocationResponse()
-        if not request.container_requests:
-            await self._reject(context, "GetPreferredAllocation", "request has no container_requests")
-        for n, creq in enumerate(request.container_requests):
-            req = AllocationRequest.of(creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size)
+        for n, req in enumerate(requests):
             started = time.perf_counter()
-            try:
-                # The search is pure CPU work bounded by its time budget; running it
-                # inline keeps the answer deterministic and avoids thread hand-offs.
-                result = policy.allocate(resource.graph, req)
-            except AllocationError as e:
-                await self._reject(context, "GetPreferredAllocation", f"container_requests[{n}]: {e}")
+            # The first container request always gets the policy's full budget (see plugin.preferred).
+            result = await pool.run(preferred.search, policy, resource.graph, req, deadline if n else None)
             self._metrics.preferred(resource.name, time.perf_counter() - started, result.optimal)
             if not result.optimal:
-                log.warning("preferred allocation not proven optimal within the time budget",
-                            extra={"resource": resource.name, "size": req.size,
-                                   "available": len(req.available)})
+                self._handling.limited_log.warning(
+                    ("not-optimal", resource.name),
+                    "preferred allocation not proven optimal within the time budget",
+                    {"resource": resource.name, "size": req.size, "available": len(req.available)})
             resp.container_responses.add(deviceIDs=list(result.ids))
         return resp
 
@@ -156,48 +198,65 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._metrics.rpc("Allocate", resource.name)
         table = resource.by_id()
         resp = api_pb2.AllocateResponse()
-        if not request.container_requests:
+        n_requests = len(request.container_requests)
+        if not n_requests:
             await self._reject(context, "Allocate", "request has no container_requests")
+        if n_requests > max(1, len(table)):
+            await self._reject(context, "Allocate", f"{n_requests} container_requests, more than the {len(table)} "
+                               "devices of this resource (the kubelet asks for one container per call)")
         for n, creq in enumerate(request.container_requests):
+            if len(creq.devices_ids) > len(table):
+                await self._reject(context, "Allocate", f"container_requests[{n}]: devices_ids lists "
+                                   f"{len(creq.devices_ids)} IDs but {resource.name} has only {len(table)} devices")
+        for n, creq in enumerate(request.container_requests):
+            where = f"container_requests[{n}]"
             ids = list(creq.devices_ids)
             if not ids:
-                await self._reject(context, "Allocate", f"container_requests[{n}]: devices_ids is empty")
+                await self._reject(context, "Allocate", f"{where}: devices_ids is empty")
             dup = _duplicates(ids)
             if dup:
-                await self._reject(context, "Allocate", f"container_requests[{n}]: repeated device IDs: {', '.join(dup)}")
+                await self._reject(context, "Allocate", f"{where}: repeated device IDs: {brief_ids(dup)}")
             unknown = [i for i in ids if i not in table]
             if unknown:
                 await self._reject(context, "Allocate",
-                                   f"container_requests[{n}]: unknown device IDs for {resource.name}: {', '.join(unknown)}")
+                                   f"{where}: unknown device IDs for {resource.name}: {brief_ids(unknown)}")
             unhealthy = [i for i in ids if not table[i].device.healthy]
             if unhealthy:
                 # The kubelet only hands out healthy devices; one that turned bad in between must not be used.
-                await self._reject(context, "Allocate",
-                                   f"container_requests[{n}]: devices are unhealthy: {', '.join(unhealthy)}")
+                await self._reject(context, "Allocate", f"{where}: devices are unhealthy: {brief_ids(unhealthy)}")
             resp.container_responses.append(to_proto(resource.allocate(ids)))
             self._metrics.allocated(resource.name, len(ids))
         return resp
 
     async def PreStartContainer(self, request, context):  # noqa: N802
         self._metrics.rpc("PreStartContainer", self._resource.name)
-        unknown = [i for i in request.devices_ids if i not in self._resource.by_id()]
+        table = self._resource.by_id()
+        if len(request.devices_ids) > len(table):
+            await self._reject(context, "PreStartContainer", f"devices_ids lists {len(request.devices_ids)} IDs but "
+                               f"{self._resource.name} has only {len(table)} devices")
+        unknown = [i for i in request.devices_ids if i not in table]
         if unknown:
-            await self._reject(context, "PreStartContainer", f"unknown device IDs: {', '.join(unknown)}")
+            await self._reject(context, "PreStartContainer", f"unknown device IDs: {brief_ids(unknown)}")
         return api_pb2.PreStartContainerResponse()
 
     async def _reject(self, context: grpc.aio.ServicerContext, method: str, message: str) -> None:
-        self._metrics.rpc_error(method, self._resource.name, "INVALID_ARGUMENT")
-        log.warning("rejected request", extra={"method": method, "resource": self._resource.name,
-                                               "reason": message})
+        message = bounded(message)
+        name = self._resource.name
+        self._metrics.rpc_error(method, name, "INVALID_ARGUMENT")
+        # A client can send bad requests at will: one line per kind of problem and minute, then a summary.
+        self._handling.limited_log.warning((method, name, reason_kind(message)), "rejected request",
+                                          {"method": method, "resource": name, "reason": message})
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 class ResourceServer:
     """A DevicePlugin service bound to `<plugin_dir>/<socket_name>`; can be stopped and served again."""
 
-    def __init__(self, plugin_dir: str, resource: Resource, policy_factory: PolicyFactory, metrics: Metrics):
+    def __init__(self, plugin_dir: str, resource: Resource, policy_factory: PolicyFactory, metrics: Metrics,
+                 handling: RequestHandling | None = None):
         self.plugin_dir = plugin_dir
-        self.service = DevicePluginService(resource, policy_factory, metrics)
+        self.handling = handling or RequestHandling()
+        self.service = DevicePluginService(resource, policy_factory, metrics, self.handling)
         self._policy_factory = policy_factory
         self._metrics = metrics
         self._server: grpc.aio.Server | None = None
@@ -222,26 +281,19 @@ class ResourceServer:
         return self.identity is not None and socket_identity(self.socket_path) == self.identity
 
     async def start(self) -> None:
-        """Serve on a fresh socket (a new service object, so no old stream survives)."""
+        """Serve on a fresh socket (a new service object, so no old stream survives).
+
+        The socket appears at its path with mode 0600 (only root, i.e. the
+        kubelet, may talk to us) in one atomic step (`plugin.socket_file`).
+        Raises OSError or RuntimeError (gRPC's bind) with nothing left running.
+        """
         if self._server is not None:
             raise RuntimeError("server already running")
-        self.service = DevicePluginService(self.service.resource, self._policy_factory, self._metrics)
+        self.service = DevicePluginService(self.service.resource, self._policy_factory, self._metrics, self.handling)
         path = self.socket_path
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        # Sockets are created 0600: only root (the kubelet) may talk to us.
-        old_umask = os.umask(0o177)
-        try:
-            server.add_insecure_port(f"unix:{path}")
-            await server.start()
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, 0o600)
-        self.identity = socket_identity(path)
+        self.identity = await serve_at(server, path, 0o600)
         self._server = server
         self.registered_with = None
         log.info("serving", extra={"resource": self.name, "socket": path})
@@ -260,11 +312,7 @@ class ResourceServer:
                     break
                 await asyncio.sleep(0.01)
         await server.stop(grace)
-        if self.socket_is_ours():
-            try:
-                os.unlink(self.socket_path)
-            except FileNotFoundError:
-                pass
+        remove_if_ours(self.socket_path, self.identity)
         self.registered_with = None
         log.info("stopped serving", extra={"resource": self.name, "had_streams": had_streams})
         return had_streams

@@ -11,7 +11,10 @@ device manager (shared/research/kubelet-device-manager.md §2):
   older stream ends it disconnects whatever client is current, as 1.28–1.34
   do (kubernetes #121994), so a plugin that re-registers too early is caught;
 - `restart()` ends every stream, deletes every non-directory file in the
-  directory except the checkpoint, and creates `kubelet.sock` again.
+  directory except the checkpoint, and creates `kubelet.sock` again;
+- a `Register` runs to its end even when the caller gives up on it (the Go
+  handler ignores the caller's cancellation), and `register_gate` can hold
+  every `Register` before it dials back, to play a slow kubelet.
 It is not the real kubelet; the Go harness in tests/kubelet/ drives that.
 """
 
@@ -33,6 +36,13 @@ log = logging.getLogger(__name__)
 
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 CHECKPOINT = "kubelet_internal_checkpoint"
+
+
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 @dataclass
@@ -78,6 +88,10 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
         #: resources whose newer client was disconnected by an older stream ending (kubernetes #121994)
         self.disconnected_newer: list[str] = []
         self.changed = asyncio.Condition()
+        #: When set to an unset Event, every Register waits for it before dialing back (a slow kubelet).
+        self.register_gate: asyncio.Event | None = None
+        self.register_calls = 0
+        self.registers_in_flight = 0
         self._server: grpc.aio.Server | None = None
         self._handlers: set[asyncio.Task] = set()
 
@@ -119,20 +133,39 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
 
     # -- Registration service -------------------------------------------
     async def Register(self, request, context):  # noqa: N802 (gRPC name)
-        task = asyncio.current_task()
-        self._handlers.add(task)
+        # The work is a task of its own: a caller that gives up (deadline, cancel) does not stop it.
+        work = asyncio.get_running_loop().create_task(self._register(request))
+        self._handlers.add(work)
+        work.add_done_callback(self._handlers.discard)
         try:
-            return await self._register(request, context)
-        finally:
-            self._handlers.discard(task)
+            await asyncio.shield(work)
+        except _Refused as e:
+            await context.abort(e.code, e.message)
+        return api_pb2.Empty()
 
-    async def _register(self, request, context):
+    async def _register(self, request) -> None:
+        self.register_calls += 1
+        self.registers_in_flight += 1
+        try:
+            await self._notify()
+            if self.register_gate is not None:
+                await self.register_gate.wait()
+            await self._do_register(request)
+        finally:
+            self.registers_in_flight -= 1
+            await self._notify()
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _do_register(self, request) -> None:
         if request.version != "v1beta1":
-            await context.abort(grpc.StatusCode.UNKNOWN,
-                                f"requested API version {request.version!r} is not supported by kubelet")
+            raise _Refused(grpc.StatusCode.UNKNOWN,
+                           f"requested API version {request.version!r} is not supported by kubelet")
         name = request.resource_name
         if not _RESOURCE_RE.match(name) or "kubernetes.io/" in name:
-            await context.abort(grpc.StatusCode.UNKNOWN, f"the ResourceName {name!r} is invalid")
+            raise _Refused(grpc.StatusCode.UNKNOWN, f"the ResourceName {name!r} is invalid")
         path = os.path.join(self.plugin_dir, request.endpoint)
         channel = grpc.aio.insecure_channel(f"unix:{path}")
         try:
@@ -141,14 +174,11 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
             options = await stub.GetDevicePluginOptions(api_pb2.Empty())
         except (asyncio.TimeoutError, grpc.aio.AioRpcError) as e:
             await channel.close()
-            await context.abort(grpc.StatusCode.UNKNOWN, f"failed to dial device plugin: {e}")
+            raise _Refused(grpc.StatusCode.UNKNOWN, f"failed to dial device plugin: {e}") from None
         self.registrations.append(Registration(name, request.endpoint, options, time.monotonic()))
         client = PluginClient(name, request.endpoint, channel, stub, options)
         self.clients[name] = client  # the newest registration wins; the old client is not closed
         client.stream_task = asyncio.get_running_loop().create_task(self._run_client(client))
-        async with self.changed:
-            self.changed.notify_all()
-        return api_pb2.Empty()
 
     async def _run_client(self, client: PluginClient) -> None:
         name = client.resource

@@ -17,6 +17,9 @@ from topo_testkit import pythonpath_env
 from plugin.demo.kubelet_standin import KubeletStandin
 
 ROOT = __import__('pathlib').Path(__file__).resolve().parents[2]
+# --import-mode=importlib keeps test directories off sys.path; the helper module lives here.
+if str(ROOT / "tests" / "daemon") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests" / "daemon"))
 
 
 @pytest.fixture

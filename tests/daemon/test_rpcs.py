@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from daemon_testlib import allocate_request, preferred_request
 
 from plugin.api import api_pb2, api_pb2_grpc
 
@@ -18,20 +19,6 @@ async def stub(kubelet, start_daemon, plugin_dir):
     async with grpc.aio.insecure_channel(f"unix:{plugin_dir}/{endpoint}") as channel:
         yield api_pb2_grpc.DevicePluginStub(channel)
     assert daemon.proc.poll() is None, "the daemon must survive every request"
-
-
-def preferred_request(*reqs: tuple[list[str], list[str], int]) -> api_pb2.PreferredAllocationRequest:
-    out = api_pb2.PreferredAllocationRequest()
-    for available, must, size in reqs:
-        out.container_requests.add(available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size)
-    return out
-
-
-def allocate_request(*id_lists: list[str]) -> api_pb2.AllocateRequest:
-    out = api_pb2.AllocateRequest()
-    for ids in id_lists:
-        out.container_requests.add(devices_ids=ids)
-    return out
 
 
 ALL = [str(i) for i in range(8)]
