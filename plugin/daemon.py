@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from allocator import NodeTopology, Policy
 
 from .filewatch import watch_file
-from .metrics import HealthServer, Metrics
+from .health_endpoint import HealthServer
+from .metrics import Metrics
 from .registration import KUBELET_SOCKET, PluginDirWatcher, RegistrationError, register, socket_identity
 from .resources import Resource, ResourceOptions, build_resources
 from .server import PolicyFactory, ResourceServer
@@ -112,7 +113,7 @@ class Daemon:
         watcher.start()
         if self.options.metrics_address:
             self.health_server = HealthServer(self.options.metrics_address, self.metrics, self.ready)
-            self.health_server.start()
+            await self.health_server.start()
         try:
             for r in resources:
                 self.servers[r.name] = ResourceServer(self.options.plugin_dir, r, self.policy_factory, self.metrics)
@@ -152,7 +153,7 @@ class Daemon:
             self._retry_handle.cancel()
         await asyncio.gather(*(s.stop(send_empty=True) for s in self.servers.values()))
         if self.health_server:
-            self.health_server.stop()
+            await self.health_server.stop()
         log.info("stopped")
 
     async def _heartbeat(self) -> None:
