@@ -27,7 +27,8 @@ from allocator import NodeTopology, Policy
 
 from .errors import InputError
 from .filewatch import watch_file
-from .metrics import HealthServer, Metrics
+from .health_endpoint import HealthServer
+from .metrics import Metrics
 from .preferred import DEFAULT_DEADLINE_S
 from .ratelimited_log import RateLimitedLog
 from .registration import (
@@ -172,7 +173,7 @@ class Daemon:
         watcher.start()
         if self.options.metrics_address:
             self.health_server = HealthServer(self.options.metrics_address, self.metrics, self.ready)
-            self.health_server.start()
+            await self.health_server.start()
         try:
             for r in resources:
                 self.servers[r.name] = self._new_server(r)
@@ -242,7 +243,7 @@ class Daemon:
         self.handling.search.close()
         self.handling.limited_log.flush(force=True)
         if self.health_server:
-            self.health_server.stop()
+            await self.health_server.stop()
         log.info("stopped")
 
     async def _heartbeat(self) -> None:
