@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from allocator import NodeTopology, Policy
 
+from .cdi.sync import SpecSync
 from .errors import InputError
 from .filewatch import watch_file
 from .metrics import HealthServer, Metrics
@@ -47,6 +48,8 @@ class DaemonOptions:
     register_timeout_s: float = 15.0
     #: The config file to watch; a valid change is applied live (see `reload_resources`).
     config_path: str | None = None
+    #: Where our CDI specs go (`plugin.cdi.sync`); None: never write any.
+    cdi_spec_dir: str | None = None
 
 
 def default_policy_factory(name: str, options: dict) -> Policy:
@@ -80,6 +83,7 @@ class Daemon:
         self._kubelet_seen: tuple | None = None
         self.health_server: HealthServer | None = None
         self.started = asyncio.Event()
+        self.cdi = SpecSync(options.cdi_spec_dir)
 
     @property
     def kubelet_socket(self) -> str:
@@ -108,6 +112,7 @@ class Daemon:
         log.info("topology discovered", extra={"source": self.source.description,
                                                "devices": len(self.topology.devices),
                                                "resources": ", ".join(r.name for r in resources) or "none"})
+        await asyncio.to_thread(self.cdi.sync, resources)  # specs before any device is advertised
         os.makedirs(self.options.plugin_dir, mode=0o750, exist_ok=True)
         watcher = PluginDirWatcher(self.options.plugin_dir, loop, self._on_kubelet_socket, self._on_socket_removed)
         watcher.start()
@@ -152,6 +157,7 @@ class Daemon:
         if self._retry_handle:
             self._retry_handle.cancel()
         await asyncio.gather(*(s.stop(send_empty=True) for s in self.servers.values()))
+        await asyncio.to_thread(self.cdi.remove_all)
         if self.health_server:
             self.health_server.stop()
         log.info("stopped")
@@ -187,6 +193,7 @@ class Daemon:
             return
         self.topology = topology
         self.metrics.topology_updates.inc()
+        await asyncio.to_thread(self.cdi.sync, resources, False)
         wanted = {r.name: r for r in resources}
         for name, server in list(self.servers.items()):
             if name not in wanted:
