@@ -78,6 +78,10 @@ def _names(devices: list[Device]) -> str:
     return ", ".join(d.name for d in devices)
 
 
+def _have(devices: list[Device]) -> str:
+    return "has" if len(devices) == 1 else "have"
+
+
 def group_gpus(topology: NodeTopology, strategy: str, gpu_resource_name: str) -> list[GpuGroup]:
     """The GPU-family resources of `topology` under `strategy`; raises `MigStrategyError` as NVIDIA refuses."""
     gpus = list(topology.gpus)
@@ -90,26 +94,26 @@ def group_gpus(topology: NodeTopology, strategy: str, gpu_resource_name: str) ->
     enabled = [g for g in gpus if mig_enabled(g)]
     whole = [g for g in gpus if not mig_enabled(g)]
     migs = [m for g in enabled for m in _with_parent_health(g, children.get(g.name, []))]
-    fix = "repartition the GPUs or choose another --mig-strategy (flags.migStrategy); see docs/sharing.md"
     if strategy == "single":
         if not enabled:
             return whole_node
         empty = [g for g in enabled if not children.get(g.name)]
         if empty:
-            raise MigStrategyError(f"--mig-strategy single: invalid MIG configuration: {_names(empty)} "
-                                   f"{'has' if len(empty) == 1 else 'have'} MIG enabled but no MIG devices "
-                                   f"(fix: create MIG devices, or {fix})")
+            raise MigStrategyError(f"--mig-strategy single: {_names(empty)} {_have(empty)} MIG enabled but no MIG "
+                                   "devices (fix: create MIG devices on every GPU in MIG mode, or use "
+                                   "--mig-strategy mixed; docs/sharing.md)")
         profiles: dict[str, list[str]] = {}
         for m in migs:
             profiles.setdefault(m.attributes.get(PROFILE, "?"), []).append(m.parent or "?")
         if len(profiles) > 1:
             seen = "; ".join(f"{p} on {', '.join(dict.fromkeys(ps))}" for p, ps in sorted(profiles.items()))
             raise MigStrategyError(f"--mig-strategy single: more than one MIG profile on the node ({seen}) "
-                                   f"(fix: use --mig-strategy mixed, or give every GPU one profile; {fix})")
+                                   "(fix: use --mig-strategy mixed, or give every GPU the same MIG profile; "
+                                   "docs/sharing.md)")
         if whole:
             raise MigStrategyError(f"--mig-strategy single: all GPUs must have MIG enabled, but {_names(whole)} "
-                                   f"{'has' if len(whole) == 1 else 'have'} it disabled (fix: use --mig-strategy "
-                                   f"mixed, or enable MIG on every GPU; {fix})")
+                                   f"{_have(whole)} it disabled (fix: use --mig-strategy mixed, or enable MIG on "
+                                   "every GPU; docs/sharing.md)")
         return [GpuGroup(gpu_resource_name, DeviceKind.MIG, tuple(migs))]
     out = [GpuGroup(gpu_resource_name, DeviceKind.GPU, tuple(whole))] if whole else []
     for g in enabled:
@@ -123,6 +127,7 @@ def group_gpus(topology: NodeTopology, strategy: str, gpu_resource_name: str) ->
         if not profile or _SPLIT_PROFILE.match(profile):
             raise MigStrategyError(f"--mig-strategy mixed: MIG profile {profile or '(unknown)'!r} of "
                                    f"{_names(devices)} has no resource: only profiles whose compute instance "
-                                   f"spans the whole GPU instance are served, as in NVIDIA's plugin (fix: {fix})")
+                                   "spans the whole GPU instance are served, as in NVIDIA's plugin (fix: "
+                                   "repartition with whole GPU instances; docs/sharing.md)")
         out.append(GpuGroup(profile_resource(domain, profile), DeviceKind.MIG, tuple(devices)))
     return out

@@ -227,6 +227,13 @@ def build_resources(topology: NodeTopology, options: ResourceOptions) -> list[Re
     layout that does not fit the strategy, a time-slicing entry).
     """
     out = _gpu_resources(topology, options) + _nic_resources(topology, options)
+    names = [r.name for r in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise OptionError(f"{', '.join(dup)} would be served twice (a GPU or MIG resource, their time-slicing "
+                          "replicas and NIC pools each need a name of their own) (fix: rename one: "
+                          "--gpu-resource-name, --nic-resource-name, nics.resourceList[].resourceName or "
+                          "sharing.timeSlicing.resources[].rename)")
     if options.gpu_allocate.writes_specs:
         out = [_with_cdi(r, options) for r in out]
     return out

@@ -181,8 +181,17 @@ EXTRAS = {
     "extraVolumeMounts": [{"name": "node-file", "mountPath": "/etc/topo", "readOnly": True}],
 }
 
+SHARING_CDI = {
+    "config": {
+        "flags": {"deviceListStrategy": ["envvar", "cdi-cri"], "migStrategy": "mixed"},
+        "sharing": {"timeSlicing": {"renameByDefault": True,
+                                    "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}},
+    },
+}
+
 VALUE_SETS = {
     "default": {},
+    "sharing-cdi": SHARING_CDI,
     "nic-pools": NIC_POOLS,
     "custom-kubelet-root": CUSTOM_KUBELET,
     "metrics-servicemonitor": METRICS,
@@ -399,7 +408,7 @@ print(sorted(cfg.flags), len(cfg.nic_resource_list))
 """
 
 
-@pytest.mark.parametrize("name", ["default", "nic-pools", "metrics-servicemonitor"])
+@pytest.mark.parametrize("name", ["default", "nic-pools", "metrics-servicemonitor", "sharing-cdi"])
 def test_rendered_config_passes_the_daemons_own_validation(helm, tmp_path, name):
     config = render(helm, tmp_path, VALUE_SETS[name]).get("ConfigMap")["data"]["config.yaml"]
     path = tmp_path / "config.yaml"
@@ -487,6 +496,19 @@ def test_nic_pools(helm, tmp_path):
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     assert {"name": "dev", "mountPath": "/dev", "readOnly": True} in c["volumeMounts"]
     assert not any(e["name"].startswith("NVIDIA_") for e in c["env"])
+
+
+def test_cdi_strategy_mounts_the_hosts_cdi_dir_and_sharing_reaches_the_config(helm, tmp_path, default):
+    r = render(helm, tmp_path, SHARING_CDI)
+    volumes = {v["name"]: v for v in r.pod_spec["volumes"]}
+    assert volumes["cdi"]["hostPath"] == {"path": "/var/run/cdi", "type": "DirectoryOrCreate"}
+    assert {"name": "cdi", "mountPath": "/var/run/cdi"} in r.container["volumeMounts"]  # writable: specs go there
+    config = yaml.safe_load(r.get("ConfigMap")["data"]["config.yaml"])
+    assert config["sharing"] == SHARING_CDI["config"]["sharing"]
+    assert "cdi" not in {v["name"] for v in default.pod_spec["volumes"]}  # envvar: no CDI dir
+    (tmp_path / "a").mkdir()
+    annotations = render(helm, tmp_path / "a", {"config": {"flags": {"deviceListStrategy": "cdi-annotations"}}})
+    assert "cdi" in {v["name"] for v in annotations.pod_spec["volumes"]}
 
 
 def test_metrics_service_and_servicemonitor(helm, tmp_path):
