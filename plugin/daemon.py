@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 class DaemonOptions:
     plugin_dir: str
     metrics_address: str | None = None
+    #: Where our CDI specs go (`plugin.cdi.sync`); None: never write any.
+    cdi_spec_dir: str | None = None
     #: Quiet time after a filesystem event before acting (one kubelet restart = one re-registration).
     debounce_s: float = 0.05
     #: After ending a stream a live kubelet still holds, wait this long before registering again,
@@ -48,8 +50,6 @@ class DaemonOptions:
     register_timeout_s: float = 15.0
     #: The config file to watch; a valid change is applied live (see `reload_resources`).
     config_path: str | None = None
-    #: Where our CDI specs go (`plugin.cdi.sync`); None: never write any.
-    cdi_spec_dir: str | None = None
 
 
 def default_policy_factory(name: str, options: dict) -> Policy:
@@ -142,6 +142,7 @@ class Daemon:
             return 0
         finally:
             await self._shutdown(watcher)
+            await asyncio.to_thread(self.cdi.remove_all)  # after the servers: no Allocate names a removed spec
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -157,7 +158,6 @@ class Daemon:
         if self._retry_handle:
             self._retry_handle.cancel()
         await asyncio.gather(*(s.stop(send_empty=True) for s in self.servers.values()))
-        await asyncio.to_thread(self.cdi.remove_all)
         if self.health_server:
             self.health_server.stop()
         log.info("stopped")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
 import tempfile
 from collections.abc import Iterator
@@ -27,13 +26,6 @@ def shared_topologies() -> list[pathlib.Path]:
 def private_cdi_spec_dir() -> Iterator[str]:
     """Every daemon a test starts (in-process or as a child) writes CDI specs to a private directory,
     never to the real /var/run/cdi: `--cdi-spec-dir` comes from TOPO_DP_CDI_SPEC_DIR unless a test passes it."""
-    with tempfile.TemporaryDirectory(prefix="tdp-cdi-") as d:
-        saved = os.environ.get("TOPO_DP_CDI_SPEC_DIR")
-        os.environ["TOPO_DP_CDI_SPEC_DIR"] = d
-        try:
-            yield d
-        finally:
-            if saved is None:
-                os.environ.pop("TOPO_DP_CDI_SPEC_DIR", None)
-            else:
-                os.environ["TOPO_DP_CDI_SPEC_DIR"] = saved
+    with tempfile.TemporaryDirectory(prefix="tdp-cdi-") as d, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOPO_DP_CDI_SPEC_DIR", d)
+        yield d

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -83,21 +85,29 @@ def nvml_node(tmp_path):
     return fake, roots
 
 
-def nvml_daemon(fake: FakeNvml, roots: dict[str, str], plugin_dir: str) -> Daemon:
+@contextlib.asynccontextmanager
+async def nvml_daemon(fake: FakeNvml, roots: dict[str, str], kubelet) -> AsyncIterator[None]:
+    """The real daemon in this loop on the NVML path (fake NVML, generated roots, no NICs), MIG mixed,
+    until the 24 1g.10gb MIG devices reached the kubelet stand-in."""
     source = hardware_source_from_options(
         sysfs_root=roots["sys"], dev_root=roots["dev"], proc_root=roots["proc"], nvml=fake, nics=False,
         hotplug=False, gpu_health=GpuHealthOptions(wait_timeout_ms=200))
     options = ResourceOptions(mig_strategy="mixed", dev_root=roots["dev"],
                               gpu_allocate=GpuAllocateOptions(dev_root=roots["dev"]))
-    return Daemon(source, DaemonOptions(plugin_dir=plugin_dir), options)
-
-
-async def test_nvml_mig_allocate_gets_parent_and_capability_nodes(kubelet, plugin_dir, nvml_node):
-    fake, roots = nvml_node
     stop = asyncio.Event()
-    task = asyncio.create_task(nvml_daemon(fake, roots, plugin_dir).run(stop, install_signals=False))
+    task = asyncio.create_task(Daemon(source, DaemonOptions(plugin_dir=kubelet.plugin_dir), options)
+                               .run(stop, install_signals=False))
     try:
         await kubelet.wait_for(lambda: len(kubelet.devices(MIG_1G)) == 24, timeout=15)
+        yield
+    finally:
+        stop.set()
+        await task
+
+
+async def test_nvml_mig_allocate_gets_parent_and_capability_nodes(kubelet, nvml_node):
+    fake, roots = nvml_node
+    async with nvml_daemon(fake, roots, kubelet):
         mig = fake.by_name["GPU1"].migs[4]
         resp = await kubelet.allocate(MIG_1G, [mig.device.uuid])
         assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == mig.device.uuid
@@ -107,17 +117,11 @@ async def test_nvml_mig_allocate_gets_parent_and_capability_nodes(kubelet, plugi
                 f"nvidia{fake.by_name['GPU1'].minor}", f"nvidia-caps/nvidia-cap{mig.caps[0]}",
                 f"nvidia-caps/nvidia-cap{mig.caps[1]}", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools",
                 "nvidia-modeset")])
-    finally:
-        stop.set()
-        await task
 
 
 async def test_nvml_xid_on_a_parent_marks_its_mig_devices_in_one_update(kubelet, plugin_dir, nvml_node):
     fake, roots = nvml_node
-    stop = asyncio.Event()
-    task = asyncio.create_task(nvml_daemon(fake, roots, plugin_dir).run(stop, install_signals=False))
-    try:
-        await kubelet.wait_for(lambda: len(kubelet.devices(MIG_1G)) == 24, timeout=15)
+    async with nvml_daemon(fake, roots, kubelet):
         assert fake.wait_registered(timeout=15)
         on_gpu1 = {m.device.uuid for m in fake.by_name["GPU1"].migs.values()}
         endpoint = kubelet.registrations_of(MIG_1G)[-1].endpoint
@@ -130,6 +134,3 @@ async def test_nvml_xid_on_a_parent_marks_its_mig_devices_in_one_update(kubelet,
         health = {d.ID: d.health for d in update.devices}
         assert {health[u] for u in on_gpu1} == {"Unhealthy"}
         assert {h for u, h in health.items() if u not in on_gpu1} == {"Healthy"}
-    finally:
-        stop.set()
-        await task

@@ -21,18 +21,11 @@ from plugin.api import api_pb2, api_pb2_grpc
 from plugin.config import parse_config
 from plugin.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
+from topo_testkit.nvidia_configs import TIME_SLICING
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "allocator"))
 from sharing_testlib import by_counts, chosen_key, mig_key, replica_key  # noqa: E402
 
-TIME_SLICING = """\
-version: v1
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: {replicas}
-"""
 
 CASES = [
     # (node, extra daemon args, config replicas or None, resource, oracle key)
@@ -52,7 +45,7 @@ async def test_answers_are_the_spec_optimum(kubelet, start_daemon, plugin_dir, t
     options = {"device_id_strategy": "index", "mig_strategy": args[1] if args else "none"}
     if replicas:
         config = tmp_path / "config.yaml"
-        config.write_text(TIME_SLICING.format(replicas=replicas))
+        config.write_text(TIME_SLICING.replace("replicas: 10", f"replicas: {replicas}"))
         args = [*args, "--config", str(config)]
         options["time_slicing"] = parse_config(config.read_text(), str(config)).time_slicing
     start_daemon(*args, simulate=node)

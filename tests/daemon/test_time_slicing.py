@@ -11,39 +11,16 @@ import yaml
 
 from plugin.api import api_pb2, api_pb2_grpc
 from plugin.sources.simulated import builtin_text, load_simulated
+from topo_testkit.nvidia_configs import FLAGS_AND_TIME_SLICING, TIME_SLICING
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
 
-# NVIDIA k8s-device-plugin README ("With CUDA Time-Slicing"), verbatim.
-NVIDIA_README_TIME_SLICING = """\
-version: v1
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 10
-"""
-# NVIDIA k8s-device-plugin README (the config file of the helm "Multiple Config Files" example), with the
-# rename-by-default time-slicing section of the README appended: the flags NVIDIA ships, as they are.
-NVIDIA_README_FLAGS_AND_SHARING = """\
-version: v1
-flags:
-  migStrategy: "none"
-  failOnInitError: true
-  nvidiaDriverRoot: "/"
-  plugin:
-    passDeviceSpecs: false
-    deviceListStrategy: envvar
-    deviceIDStrategy: uuid
-sharing:
-  timeSlicing:
-    renameByDefault: true
-    failRequestsGreaterThanOne: true
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 10
-"""
+NVIDIA_README_TIME_SLICING = TIME_SLICING
+# The README's flags as NVIDIA ships them, with time-slicing renamed by default and one replica per container.
+NVIDIA_README_FLAGS_AND_SHARING = FLAGS_AND_TIME_SLICING.replace(
+    "renameByDefault: false", "renameByDefault: true").replace(
+    "failRequestsGreaterThanOne: false", "failRequestsGreaterThanOne: true")
 
 
 def write(tmp_path: pathlib.Path, name: str, text: str) -> str:
@@ -84,7 +61,7 @@ async def test_allocate_names_each_gpu_once(kubelet, start_daemon, tmp_path):
 
 
 async def test_fail_requests_greater_than_one_is_invalid_argument(kubelet, start_daemon, tmp_path, plugin_dir):
-    config = NVIDIA_README_FLAGS_AND_SHARING.replace("deviceIDStrategy: uuid", "deviceIDStrategy: index")
+    config = NVIDIA_README_FLAGS_AND_SHARING.replace('deviceIDStrategy: "uuid"', 'deviceIDStrategy: "index"')
     start_daemon("--config", write(tmp_path, "c.yaml", config), "--simulate", "dgx-a100",
                  "--device-plugin-path", plugin_dir, raw=True)
     await kubelet.wait_for(lambda: len(kubelet.devices(SHARED)) == 80, timeout=15)

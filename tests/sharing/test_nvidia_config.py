@@ -13,32 +13,9 @@ from click.testing import CliRunner
 from plugin.cli import cli
 from plugin.config import ConfigError, parse_config
 from plugin.config.sharing import DeviceSelection, SharingError
+from topo_testkit.nvidia_configs import FLAGS_AND_TIME_SLICING
 
-# NVIDIA k8s-device-plugin README, "Configuration Option Details" / config file example, verbatim, with
-# gpu-feature-discovery's section (the two programs share the file) and the README's time-slicing section.
-NVIDIA_FULL = """\
-version: v1
-flags:
-  migStrategy: "none"
-  failOnInitError: true
-  nvidiaDriverRoot: "/"
-  plugin:
-    passDeviceSpecs: false
-    deviceListStrategy: "envvar"
-    deviceIDStrategy: "uuid"
-  gfd:
-    oneshot: false
-    noTimestamp: false
-    outputFile: /etc/kubernetes/node-feature-discovery/features.d/gfd
-    sleepInterval: 60s
-sharing:
-  timeSlicing:
-    renameByDefault: false
-    failRequestsGreaterThanOne: false
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 10
-"""
+NVIDIA_FULL = FLAGS_AND_TIME_SLICING
 
 
 def test_nvidia_file_loads_with_flags_mapped_and_the_rest_explained(caplog):
