@@ -222,6 +222,13 @@ class Daemon:
             log.exception("config change ignored: internal error (a bug); keeping the running configuration",
                           extra={"config": self.options.config_path})
             return
+        if self.topology is not None:
+            try:  # options this node cannot serve (a MIG layout, a time-slicing entry) are refused whole
+                build_resources(self.topology, options)
+            except InputError as e:
+                log.warning("config change ignored; keeping the running configuration",
+                            extra={"config": self.options.config_path, "reason": str(e)})
+                return
         log.info("config changed", extra={"config": self.options.config_path})
         self.resource_options = options
         if self.topology is not None:

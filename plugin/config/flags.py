@@ -124,7 +124,8 @@ OPTIONS: tuple[Option, ...] = (
            default="topo.dev/nic", live=True, schema_extra={"minLength": 3}),
     Option("nic_allocation_policy", "NIC policy when the config defines no NIC pools.", kind="choice",
            default="spread", choices=("spread", "packed"), live=True),
-    Option("device_list_strategy", f"Comma list of {', '.join(DEVICE_LIST_STRATEGIES)}: how Allocate names GPUs.",
+    Option("device_list_strategy", f"Comma list of {', '.join(DEVICE_LIST_STRATEGIES)}: how Allocate names GPUs "
+           "(CDI strategies name MIG devices and NICs with device nodes too; docs/sharing.md).",
            kind="choice-list", default="envvar", choices=DEVICE_LIST_STRATEGIES, live=True),
     Option("mig_strategy", "How MIG devices are served, as NVIDIA's plugin: none (MIG-enabled GPUs are served whole), "
            "single (every GPU in MIG mode with one profile, as the GPU resource) or mixed (one resource per profile, "

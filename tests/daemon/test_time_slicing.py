@@ -118,3 +118,33 @@ async def test_mps_config_stops_start_up_with_exit_2(start_daemon, tmp_path):
     assert await daemon.wait(15) == 2
     log = daemon.log()
     assert "c.yaml:3: field sharing.mps: MPS sharing is not supported" in log and "MPS control daemon" in log
+
+
+async def test_time_slicing_changes_live_and_a_change_this_node_cannot_serve_is_refused_whole(
+        kubelet, start_daemon, tmp_path, plugin_dir):
+    config = tmp_path / "c.yaml"
+    config.write_text("version: v1\n")
+    node = tmp_path / "node.yaml"
+    node.write_text(builtin_text("dgx-a100"))
+    daemon = start_daemon("--config", str(config), simulate=str(node))
+    await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=15)
+    tmp = tmp_path / "c.tmp"
+    tmp.write_text(TIME_SLICING.replace("replicas: 10", "replicas: 2"))
+    tmp.rename(config)
+    await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=15)
+    # valid YAML, but this node has 8 GPUs, not 9: logged, the running configuration stays
+    tmp.write_text(TIME_SLICING.replace("replicas: 10", "replicas: 2\n      devices: 9\n      rename: x"))
+    tmp.rename(config)
+    for _ in range(150):
+        if "config change ignored" in daemon.log():
+            break
+        await asyncio.sleep(0.1)
+    assert "9 devices requested but nvidia.com/gpu has only 8 on this node" in daemon.log()
+    # and the daemon still follows the node: a GPU turning unhealthy reaches its replicas
+    data = yaml.safe_load(node.read_text())
+    data["gpus"][2]["health"] = "Unhealthy"
+    node.with_suffix(".tmp").write_text(yaml.safe_dump(data, sort_keys=False))
+    node.with_suffix(".tmp").rename(node)
+    await kubelet.wait_for(lambda: {d.health for i, d in kubelet.devices(GPU).items() if i.startswith("2::")}
+                           == {"Unhealthy"}, timeout=15)
+    assert len(kubelet.devices(GPU)) == 16 and "nvidia.com/x" not in kubelet.clients
