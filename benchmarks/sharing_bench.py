@@ -16,7 +16,8 @@ The `--grpc` section measures the same requests end to end: a real daemon proces
 (`serve --simulate`) with time-slicing (dgx-a100, 8 GPUs x 10 replicas = 80 devices, NVIDIA's
 config file) or MIG (dgx-a100-mig-1g, `--mig-strategy single`: 8 x 7 = 56 devices), the
 in-package kubelet stand-in, real unix sockets; the round trip of GetPreferredAllocation as
-the kubelet sees it, p50/p99, against the issue's target p99 <= 5 ms.
+the kubelet sees it, p50/p99 (and the p99 of the best of 3 sends of each request, its cost
+without preemption on a busy machine), against the issue's target p99 <= 5 ms.
 
 Usage: python benchmarks/sharing_bench.py [--quick] [--seed N] [--grpc | --grpc-only]
 A full run takes 1-4 minutes on 2 busy cores (most of it the brute-force checks); --quick
@@ -148,20 +149,24 @@ async def grpc_case(node: str, serve_args: list[str], config: str | None, resour
             async with grpc.aio.insecure_channel(f"unix:{d}/{endpoint}") as channel:
                 stub = api_pb2_grpc.DevicePluginStub(channel)
                 for share in (0.0, 0.3, 0.7):
-                    samples = []
+                    samples, best = [], []
                     for n in range(requests + 20):
                         r = request(rng, graph, share)
                         msg = api_pb2.PreferredAllocationRequest()
                         msg.container_requests.add(available_deviceIDs=list(r.available),
                                                    must_include_deviceIDs=list(r.must_include),
                                                    allocation_size=r.size)
-                        t0 = time.perf_counter()
-                        await stub.GetPreferredAllocation(msg)
+                        runs = []
+                        for _ in range(3):  # the same request 3 times: the best is its cost without preemption
+                            t0 = time.perf_counter()
+                            await stub.GetPreferredAllocation(msg)
+                            runs.append((time.perf_counter() - t0) * 1e3)
                         if n >= 20:  # warm-up excluded
-                            samples.append((time.perf_counter() - t0) * 1e3)
+                            samples.append(runs[0])
+                            best.append(min(runs))
                     p99 = pct(samples, 99)
                     rows.append([len(ids), f"{share:.0%}", f"{statistics.median(samples):.2f}", f"{p99:.2f}",
-                                 f"{max(samples):.2f}", "yes" if p99 <= 5.0 else "NO"])
+                                 f"{max(samples):.2f}", f"{pct(best, 99):.2f}", "yes" if p99 <= 5.0 else "NO"])
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=15)
@@ -178,7 +183,9 @@ def grpc_section(args: argparse.Namespace) -> None:
     for label, node, serve_args, config, resource, expected in GRPC_CASES:
         for row in asyncio.run(grpc_case(node, serve_args, config, resource, expected, requests, rng)):
             rows.append([label, *row])
-    print(table(["node", "devices", "handed out", "p50", "p99", "max", "p99 <= 5 ms"], rows))
+    print(table(["node", "devices", "handed out", "p50", "p99", "max", "p99 best of 3", "p99 <= 5 ms"], rows))
+    print(f"\n(load average {os.getloadavg()[0]:.1f} at the end; p50/p99/max: the first of three sends of each "
+          "request; p99 best of 3: the request's cost without scheduler preemption on a shared machine)")
 
 
 def main() -> None:

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import RuntimeFailure
 from .writer import CdiSpecWriter, CdiWriteError
+
+if TYPE_CHECKING:  # the resource layer imports plugin.cdi
+    from ..resources import Resource
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +39,11 @@ class SpecSync:
         #: Files of ours are in the directory (written by this process).
         self.active = False
 
-    def sync(self, resources: Iterable[Any], at_start: bool = True) -> None:
+    def sync(self, resources: Iterable[Resource], at_start: bool = True) -> None:
         """Write the specs of `resources` and remove our others (blocking: run it in a thread)."""
         if self.writer is None:
             return
-        specs = [r.cdi_spec for r in resources if getattr(r, "cdi_spec", None) is not None]
+        specs = [r.cdi_spec for r in resources if r.cdi_spec is not None]
         if not specs and not self.active:
             return
         try:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import pathlib
+import shutil
 import tempfile
 
 import pytest
@@ -75,6 +76,7 @@ class Running:
         self.stop.set()
         await self.task
         await self.kubelet.stop()
+        shutil.rmtree(self.plugin_dir, ignore_errors=True)
 
     def ours(self) -> list[str]:
         return sorted(n for n in os.listdir(self.cdi) if n != FOREIGN)
