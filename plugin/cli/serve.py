@@ -25,7 +25,8 @@ def serve(settings: Settings) -> None:
     options = resource_options(settings)
     daemon = Daemon(
         source,
-        DaemonOptions(plugin_dir=plugin_dir, metrics_address=v["metrics_address"], config_path=settings.config.path),
+        DaemonOptions(plugin_dir=plugin_dir, metrics_address=v["metrics_address"], config_path=settings.config.path,
+                      cdi_spec_dir=v["cdi_spec_dir"]),
         options,
         reload_resources=resource_reloader(settings),
     )
