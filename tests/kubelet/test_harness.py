@@ -13,6 +13,7 @@ import pathlib
 import pytest
 import yaml
 from topo_testkit import SHARED_DIR
+from plugin.cdi import kind_for_resource
 from kubelet_testlib import (
     ADMISSION_PODS,
     GPU,
@@ -327,7 +328,8 @@ def test_run_options_are_what_our_allocate_returned(harness, tmp_path):
     c = step["containers"][0]
     ro = c["run_options"]
     gpus = container_devices(c, GPU)
-    assert set(ro["cdi_devices"]) >= {f"nvidia.com/gpu={i}" for i in gpus}
+    gpu_kind = kind_for_resource(GPU)  # our own CDI kind, never NVIDIA's (specs must not collide)
+    assert set(ro["cdi_devices"]) >= {f"{gpu_kind}={i}" for i in gpus}
     allocs = [r for r in step["rpcs"] if r["method"] == "Allocate"]
     assert {r["resource"] for r in allocs} == {GPU, NIC}
     want_env, want_dev, want_cdi, want_ann = {}, set(), set(), {}
@@ -341,5 +343,5 @@ def test_run_options_are_what_our_allocate_returned(harness, tmp_path):
     assert {(d["host_path"], d["container_path"], d["permissions"]) for d in ro["devices"]} == want_dev
     assert set(ro["cdi_devices"]) == want_cdi
     assert ro["annotations"] == want_ann
-    assert any(",".join(sorted(f"nvidia.com/gpu={i}" for i in gpus)) == ",".join(sorted(v.split(",")))
+    assert any(",".join(sorted(f"{gpu_kind}={i}" for i in gpus)) == ",".join(sorted(v.split(",")))
                for v in ro["annotations"].values())
