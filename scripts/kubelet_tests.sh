@@ -59,16 +59,22 @@ debian_packages() {
 
 build() {
   stage_start "$1"
-  .venv/bin/python tests/kubelet/kubelet_build.py "$2"
+  local rc=0
+  .venv/bin/python tests/kubelet/kubelet_build.py "$2" || rc=$?
   stage_end
+  # 3: a tool cannot exist here (no Go): the tests then skip and say why, except in CI.
+  if [ "$rc" = 3 ] && [ "${TOPO_DP_REQUIRE_KUBELET_E2E:-}" != 1 ]; then return 0; fi
+  return "$rc"
 }
 
 prepare() {
   venv
   debian_packages
-  build "go modules" modules
-  build "build harness" harness
-  build "build kubelet" kubelet
+  # Two Kubernetes lines (tests/kubelet/k8s_versions.json), sharing Go's module and build caches.
+  build "go modules (both lines)" modules
+  build "build harness (current)" harness:current
+  build "build harness (race)" harness:race
+  build "build kubelet (current)" kubelet
   build "e2e images" images
 }
 

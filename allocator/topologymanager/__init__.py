@@ -1,4 +1,4 @@
-"""A faithful model of the kubelet (1.32) Topology Manager and the device manager's
+"""A faithful model of the kubelet (1.37) Topology Manager and the device manager's
 hint generation and device choice. Pure: no I/O, no gRPC, no global state.
 
 Entry points:

@@ -8,7 +8,10 @@ included); a mask is preferred only if it has exactly that many nodes. So with
 4 GPUs per node, 2 in use on each, a request for 4 only fits on {0,1}, which is
 *not* preferred, and `restricted` / `single-numa-node` reject the pod.
 
-Other rules kept exactly:
+Other rules kept exactly (kubelet 1.37):
+- masks are built from the NUMA nodes that hold devices of the resource (and
+  that the machine has), not from every machine node (1.37; 1.34 and older
+  iterate every machine node, so they also offer masks with device-less nodes);
 - a resource is topology-aware if any device reports at least one NUMA node;
   otherwise its hints are None ("no preference");
 - devices without topology (or with IDs that are not machine nodes) never
@@ -58,8 +61,22 @@ def device_has_topology_alignment(devices: Iterable[DeviceInfo]) -> bool:
     return any(d.numa_nodes for d in devices)
 
 
+def device_numa_nodes(numa_nodes: Sequence[int], all_devices: Mapping[str, DeviceInfo]) -> tuple[int, ...]:
+    """The machine NUMA nodes holding at least one device of the resource, sorted; all
+    machine nodes if none does (the kubelet's `deviceNUMANodes` and its fallback).
+
+    Why: the kubelet (1.37) only iterates masks over these, so a node without devices
+    never appears in a device hint.
+    """
+    machine = set(numa_nodes)
+    held = sorted({n for d in all_devices.values() for n in d.numa_ids if n in machine})
+    return tuple(held) if held else tuple(numa_nodes)
+
+
 def min_affinity_size(numa_nodes: Sequence[int], all_devices: Mapping[str, DeviceInfo], request: int) -> int:
-    """Fewest NUMA nodes whose *installed* devices could hold `request` (all nodes if none can)."""
+    """Fewest NUMA nodes whose *installed* devices could hold `request` (all nodes that
+    hold devices if none can)."""
+    numa_nodes = device_numa_nodes(numa_nodes, all_devices)
     smallest = len(numa_nodes)
     for mask in iterate_bitmasks(numa_nodes):
         in_mask = sum(1 for d in all_devices.values() if mask.any_set(d.numa_ids))
@@ -79,6 +96,7 @@ def generate_device_topology_hints(
     available = list(available)
     reusable = list(reusable)
     smallest = min_affinity_size(numa_nodes, all_devices, request)
+    numa_nodes = device_numa_nodes(numa_nodes, all_devices)
     hints: list[TopologyHint] = []
     for mask in iterate_bitmasks(numa_nodes):
         matching = 0

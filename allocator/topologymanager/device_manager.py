@@ -63,7 +63,7 @@ class _NullStore:
 
 @dataclass
 class DeviceManagerModel:
-    """Hint generation and Allocate for device-plugin resources, as kubelet 1.32 does them."""
+    """Hint generation and Allocate for device-plugin resources, as kubelet 1.37 does them."""
 
     numa_nodes: tuple[int, ...]
     resources: Sequence[ResourceSpec]

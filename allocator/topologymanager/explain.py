@@ -173,10 +173,14 @@ def explain(
         for rec in dm.allocation_log
         if rec.pod_uid == pod.uid
     ]
+    # What GetAffinity answers afterwards: every hint the scope stored, including those of
+    # containers that a later failure kept from being allocated (pod scope stores the
+    # pod's hint for all containers before allocating any).
+    no_hint = TopologyHint(None, False)
     affinities = {
-        c.name: manager.get_affinity(pod.uid, c.name)
+        c.name: hint
         for c in pod.all_containers()
-        if c.name in admission.allocated_containers
+        if (hint := manager.get_affinity(pod.uid, c.name)) != no_hint or c.name in admission.allocated_containers
     }
     return ExplainResult(
         policy=policy,

@@ -1,12 +1,13 @@
-"""Topology Manager policy options (`--topology-manager-policy-options`), as in kubelet 1.32.
+"""Topology Manager policy options (`--topology-manager-policy-options`), as in kubelet 1.37.
 
 Why model the parsing and not just take booleans: `explain` accepts the same
 `key=value` strings an operator puts in the kubelet config, and a wrong value
 must fail with the kubelet's own message, or the what-if report would promise
 a configuration the real kubelet refuses to start with.
 
-Kubelet 1.32: `prefer-closest-numa-nodes` is GA, `max-allowable-numa-nodes`
-is beta (on by default), no alpha options exist.
+Kubelet 1.37: `prefer-closest-numa-nodes` and `max-allowable-numa-nodes` are
+both GA (the latter was beta up to 1.34: with TopologyManagerPolicyBetaOptions
+off, 1.34 refuses it and 1.37 accepts it); no alpha or beta options exist.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ MAX_ALLOWABLE_NUMA_NODES = "max-allowable-numa-nodes"
 DEFAULT_MAX_ALLOWABLE_NUMA_NODES = 8
 
 ALPHA_OPTIONS: frozenset[str] = frozenset()
-BETA_OPTIONS: frozenset[str] = frozenset({MAX_ALLOWABLE_NUMA_NODES})
-STABLE_OPTIONS: frozenset[str] = frozenset({PREFER_CLOSEST_NUMA_NODES})
+BETA_OPTIONS: frozenset[str] = frozenset()
+STABLE_OPTIONS: frozenset[str] = frozenset({PREFER_CLOSEST_NUMA_NODES, MAX_ALLOWABLE_NUMA_NODES})
 
 
 class PolicyOptionError(TopologyManagerError):
@@ -34,7 +35,7 @@ class PolicyOptionError(TopologyManagerError):
 
 @dataclass(frozen=True)
 class FeatureGates:
-    """The two gates that decide which option levels are accepted (1.32 defaults)."""
+    """The two gates that decide which option levels are accepted (1.37 defaults)."""
 
     policy_alpha_options: bool = False  # TopologyManagerPolicyAlphaOptions
     policy_beta_options: bool = True  # TopologyManagerPolicyBetaOptions
@@ -60,12 +61,12 @@ def check_policy_option_available(option: str, gates: FeatureGates = FeatureGate
         raise PolicyOptionError(f"unknown Topology Manager Policy option: {_go_quote(option)}")
     if option in ALPHA_OPTIONS and not gates.policy_alpha_options:
         raise PolicyOptionError(
-            "Topology Manager Policy Alpha-level Options not enabled, "
+            "topology manager policy alpha-level options not enabled, "
             f"but option {_go_quote(option)} provided"
         )
     if option in BETA_OPTIONS and not gates.policy_beta_options:
         raise PolicyOptionError(
-            "Topology Manager Policy Beta-level Options not enabled, "
+            "topology manager policy beta-level options not enabled, "
             f"but option {_go_quote(option)} provided"
         )
 

@@ -1,11 +1,13 @@
-"""A real kubelet (the pinned release) on containerd, with our daemon, on this machine.
+"""A real kubelet (the current line of tests/kubelet/k8s_versions.json) on containerd, with
+our daemon, on this machine.
 
 Run by tests/e2e/test_kubelet_containerd.py as
 
-    unshare --mount --propagation private python tests/e2e/kubelet_e2e.py \
+    unshare --mount --net --propagation private python tests/e2e/kubelet_e2e.py \
         --workdir W --kubelet BIN --harness BIN --images DIR --out result.json
 
-It refuses to run outside a private mount namespace. Inside it, it mounts
+It refuses to run outside a private mount namespace. In its own network namespace
+(loopback only) the kubelet's ports clash with nothing. Inside, it mounts
 W/var-lib-kubelet over /var/lib/kubelet (the kubelet hard-codes
 /var/lib/kubelet/device-plugins whatever --root-dir says, kubernetes #68567),
 W/var-log-pods over /var/log/pods and a tmpfs over /run/containerd, so nothing of
@@ -77,6 +79,8 @@ cgroupDriver: cgroupfs
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
 failSwapOn: false
+# These VMs mount cgroup v1; the kubelet refuses it since 1.35 unless told otherwise.
+failCgroupV1: false
 containerRuntimeEndpoint: unix://{sock}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -120,6 +124,9 @@ class E2E:
 
     # ---- plumbing ----
     def mounts(self) -> None:
+        # In a private network namespace (test_kubelet_containerd.py starts us in one) only
+        # the loopback exists, down: the kubelet and the pods (host network) use 127.0.0.1.
+        sh("ip", "link", "set", "lo", "up")
         sh("mount", "--make-rprivate", "/")
         for src, dst in (("var-lib-kubelet", "/var/lib/kubelet"), ("var-log-pods", "/var/log/pods")):
             (self.w / src).mkdir(parents=True, exist_ok=True)
@@ -193,7 +200,7 @@ class E2E:
         cfg = d / "config.toml"
         cfg.write_text(CONTAINERD_CONFIG.format(root=d / "root", state=d / "state", sock=self.sock, pause=PAUSE, w=d))
         self.spawn("containerd", ["containerd", "--config", str(cfg)])
-        self.wait_for("containerd socket", lambda: os.path.exists(self.sock), 30)
+        self.wait_for("containerd socket", lambda: os.path.exists(self.sock), 120)
         t = time.monotonic()
         for tar in ("busybox.tar", "pause.tar"):
             self.ctr("images", "import", str(pathlib.Path(self.a.images) / tar))
@@ -222,10 +229,10 @@ class E2E:
             with urllib.request.urlopen(f"http://127.0.0.1:{HEALTHZ_PORT}/healthz", timeout=2) as r:
                 return r.read() == b"ok"
 
-        self.wait_for("kubelet healthz", healthy, 60)
+        self.wait_for("kubelet healthz", healthy, 180)
         return time.monotonic() - t
 
-    def wait_gpus(self, n: int, timeout: float = 30) -> dict[str, Any]:
+    def wait_gpus(self, n: int, timeout: float = 120) -> dict[str, Any]:
         def ready():
             pr = self.podresources()
             return pr if len(pr["allocatable"].get(GPU, {})) == n else None
@@ -251,7 +258,7 @@ class E2E:
                 return p
         return None
 
-    def wait_phase(self, name: str, phases: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
+    def wait_phase(self, name: str, phases: tuple[str, ...], timeout: float = 180) -> dict[str, Any]:
         def check():
             p = self.pod_status(name)
             return p if p and p.get("status", {}).get("phase") in phases else None
@@ -267,7 +274,7 @@ class E2E:
                 if "NVIDIA_VISIBLE_DEVICES=" in line:
                     return line.split("NVIDIA_VISIBLE_DEVICES=", 1)[1].strip()
             return None
-        return self.wait_for(f"log line of {name}", get, 30)
+        return self.wait_for(f"log line of {name}", get, 120)
 
     def pod_devices(self, pr: dict[str, Any], name: str) -> dict[str, list[int]]:
         for p in pr["pods"] or []:
@@ -279,6 +286,7 @@ class E2E:
 
     # ---- scenarios ----
     def run(self) -> None:
+        self.result["kubelet_version"] = sh(self.a.kubelet, "--version").stdout.strip()
         t = time.monotonic()
         self.start_containerd()
         self.result["containerd_start_s"] = round(time.monotonic() - t, 2)
@@ -317,6 +325,15 @@ class E2E:
             pr = self.wait_gpus(8)
             took = time.monotonic() - t
             st = self.wait_phase("gpu2", ("Running",))
+            # The plugin can re-register before the restarted kubelet has re-read its static
+            # pods: wait for gpu2 to be listed with devices (recorded as empty if it never is).
+            try:
+                pr = self.wait_for("gpu2's devices in pod-resources",
+                                   lambda: (lambda p: p if self.pod_devices(p, "gpu2") else None)(self.podresources()),
+                                   120)
+            except TimeoutError as e:
+                log(str(e))
+                pr = self.podresources()
             self.result["scenarios"][f"kubelet_restart_{sig_name}"] = {
                 "kubelet_exit": rc, "reregistered_s": round(took, 2), "registrations": self.registrations(),
                 "gpu2_devices_before": self.pod_devices(before, "gpu2"), "gpu2_devices_after": self.pod_devices(pr, "gpu2"),

@@ -1,4 +1,4 @@
-"""A real kubelet (the release pinned in tests/kubelet/harness/go.mod) on Debian's containerd,
+"""A real kubelet (the current line of tests/kubelet/k8s_versions.json) on Debian's containerd,
 with our daemon serving a simulated DGX A100 (8 GPUs, NUMA 0: 0-3, NUMA 1: 4-7).
 
 The whole run happens once (tests/e2e/kubelet_e2e.py, in a private mount namespace);
@@ -6,7 +6,8 @@ each test below checks one part of what it observed.
 
 Needs root, containerd, runc, ctr and busybox-static (scripts/kubelet_tests.sh installs
 them). Where they are missing the tests skip with the reason printed, except under
-TOPO_DP_REQUIRE_KUBELET_E2E=1 (CI), where that is a failure.
+TOPO_DP_REQUIRE_KUBELET_E2E=1 (CI), where that is a failure (kubelet_testlib.unavailable);
+a failed build always fails.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from kubelet_testlib import (
     GPU,
     PYTHON,
     ROOT,
+    build_or_skip,
     discover,
     preferred_offline,
+    unavailable,
     unshare_prefix,
 )
 
@@ -37,23 +40,23 @@ SIMULATE = "dgx-a100"
 REQUIRED_TOOLS = ("containerd", "runc", "ctr", "unshare", "mount")
 
 
-def _unavailable(reason: str):
-    if os.environ.get("TOPO_DP_REQUIRE_KUBELET_E2E") == "1":
-        pytest.fail(f"real-kubelet e2e required (TOPO_DP_REQUIRE_KUBELET_E2E=1) but {reason}")
-    print(f"\nSKIP (tests/e2e real kubelet): {reason}", file=sys.stderr)
-    pytest.skip(reason)
+WHAT = "the real-kubelet e2e (tests/e2e)"
 
 
 def _host_runs_a_real_node() -> str | None:
     if os.path.exists("/run/containerd/containerd.sock"):
         return "a containerd already serves /run/containerd/containerd.sock on this machine"
+    own = os.readlink("/proc/self/ns/mnt")
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+                ns = os.readlink(f"/proc/{pid}/ns/mnt")
             except OSError:
                 continue
-            if exe == "kubelet":
+            # A kubelet in a private mount namespace (another test's) sees its own
+            # /var/lib/kubelet, not this machine's.
+            if exe == "kubelet" and ns == own:
                 return f"a kubelet (pid {pid}) runs on this machine"
     return None
 
@@ -61,20 +64,17 @@ def _host_runs_a_real_node() -> str | None:
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
     if os.geteuid() != 0:
-        _unavailable("the kubelet and containerd need root")
+        unavailable(WHAT, "the kubelet and containerd need root")
     missing = [t for t in REQUIRED_TOOLS if shutil.which(t) is None]
     if missing:
-        _unavailable(f"missing {', '.join(missing)} (Debian packages containerd, runc; "
+        unavailable(WHAT, f"missing {', '.join(missing)} (Debian packages containerd, runc; "
                      "`bash scripts/kubelet_tests.sh prepare` installs them)")
     real = _host_runs_a_real_node()
     if real:
-        _unavailable(f"{real}; this test is for throwaway machines only")
-    try:
-        kubelet = kubelet_build.kubelet_binary()
-        harness = kubelet_build.harness_binary()
-        images = kubelet_build.e2e_images()
-    except kubelet_build.BuildUnavailable as e:
-        _unavailable(str(e))
+        unavailable(WHAT, f"{real}; this test is for throwaway machines only")
+    kubelet = build_or_skip(f"{WHAT}: the kubelet binary", kubelet_build.kubelet_binary)
+    harness = build_or_skip(f"{WHAT}: the Go harness", kubelet_build.harness_binary)
+    images = build_or_skip(f"{WHAT}: the pod images", kubelet_build.e2e_images)
     w = tmp_path_factory.mktemp("kubelet-e2e")
     sys.path.insert(0, str(ROOT))
     from plugin.sources.simulated import builtin_text
@@ -82,10 +82,12 @@ def e2e(tmp_path_factory):
     node = w / "node.yaml"
     node.write_text(builtin_text(SIMULATE))
     out = w / "result.json"
-    cmd = [*unshare_prefix(), PYTHON, str(pathlib.Path(__file__).with_name("kubelet_e2e.py")),
+    # A private network namespace too: the kubelet's ports cannot clash with anything else
+    # running on this (shared, maybe busy) machine.
+    cmd = [*unshare_prefix(net=True), PYTHON, str(pathlib.Path(__file__).with_name("kubelet_e2e.py")),
            "--workdir", str(w / "run"), "--kubelet", str(kubelet), "--harness", str(harness),
            "--images", str(images["busybox"].parent), "--node-file", str(node), "--python", PYTHON, "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     result = json.loads(out.read_text()) if out.exists() else {}
     if proc.returncode != 0 or "error" in result:
         tails = []
@@ -98,6 +100,10 @@ def e2e(tmp_path_factory):
     print(f"\nreal-kubelet e2e: containerd {result['containerd_start_s']}s, kubelet start {result['kubelet_start_s']}s, "
           f"registration {result['registration_s']}s, total {result['total_s']}s", file=sys.stderr)
     return result
+
+
+def test_the_kubelet_is_the_current_line(e2e):
+    assert e2e["kubelet_version"] == f"Kubernetes {kubelet_build.line('current').kubernetes}"
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +145,9 @@ def test_pod_asking_more_than_is_free_is_rejected(e2e):
 @pytest.mark.parametrize("how", ["TERM", "KILL"])
 def test_kubelet_restart_leads_to_reregistration(e2e, how):
     s = e2e["scenarios"][f"kubelet_restart_{how}"]
-    # The counter lives in the new kubelet process: 1 means our daemon registered with it.
+    # The counter lives in the new kubelet process: 1 means our daemon registered with it
+    # once, accepted the first time. (How fast is measured in benchmarks/, not here.)
     assert s["registrations"][GPU] == 1
-    assert s["reregistered_s"] < 10
     assert len(s["allocatable"][GPU]) == 8
     # The running pod keeps its devices and was not restarted.
     assert s["gpu2_devices_after"] == s["gpu2_devices_before"] and s["gpu2_devices_after"]

@@ -3,21 +3,20 @@
 Each test writes a script (start the kubelet's managers, start our daemon, admit
 pods, restart things), the harness runs it in a private mount namespace with a
 temporary directory over /var/lib/kubelet, and the assertions read what the
-kubelet's own code recorded.
+kubelet's own code recorded. Every scenario runs on the current Kubernetes line
+(`harness`); the restart and re-registration ones on the #121994 race line (1.34) too
+(`line_harness`). No assertion is about time: steps wait for states with generous
+deadlines.
 """
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
-import yaml
-from topo_testkit import SHARED_DIR
 from plugin.cdi import kind_for_resource
+from topo_testkit import SHARED_DIR
 from kubelet_testlib import (
     ADMISSION_PODS,
     GPU,
-    MAX_REGISTRATION_S,
     NIC,
     TAP_DIR,
     admission_run,
@@ -29,6 +28,7 @@ from kubelet_testlib import (
     daemon_argv,
     discover,
     machine_for,
+    node_yaml,
     numa_map,
     pod,
     preferred_offline,
@@ -53,13 +53,12 @@ L40S = str(SHARED_TOPOS / "21-pcie-8x-l40s-dual-socket-node-sys-1nic.txt")
                          ids=["dgx-a100", "pcie-2socket-4gpu-2nic", "dgx-h100", "dgx-1-v100", "l40s-topo-file"])
 def test_registration_capacity_and_numa(harness, tmp_path, simulate):
     disc = discover(simulate)
-    steps = [start_kubelet("none"), start_plugin(daemon_argv(simulate)), *wait_all(disc, timeout=20),
-             # The kubelet updates its device maps, then writes the checkpoint: give it a moment.
-             {"op": "sleep", "seconds": 0.3}, {"op": "snapshot"}]
+    gpus = next(len(r["devices"]) for r in disc["resources"] if r["name"] == GPU)
+    steps = [start_kubelet("none"), start_plugin(daemon_argv(simulate)), *wait_all(disc, timeout=60),
+             # The kubelet updates its device maps, then writes the checkpoint.
+             {"op": "wait_checkpoint", "resource": GPU, "registered": gpus}, {"op": "snapshot"}]
     run = harness.run(steps, machine_for(simulate), tmp_path)
-    waits = run.ops("wait_resource")
     snap = run.ops("snapshot")[0]
-    assert max(w["reached_s"] for w in waits) < MAX_REGISTRATION_S, waits
     for r in disc["resources"]:
         name = r["name"]
         healthy = [d for d in r["devices"] if d["health"] == "Healthy"]
@@ -70,7 +69,9 @@ def test_registration_capacity_and_numa(harness, tmp_path, simulate):
         ours = {d["id"]: (None if d.get("numa") is None else [d["numa"]]) for d in healthy}
         assert kubelet_view == ours
         assert r["socket"] in snap["device_plugin_dir"]
-        # One registration per resource: no periodic or duplicate Register.
+        # One registration per resource: no periodic or duplicate Register, and none that
+        # failed first (a daemon that registers before it serves is retried: see
+        # test_broken_plugin.py).
         assert snap["registrations"][name] == 1
     assert snap["inactive"] == []
     # The checkpoint records the healthy IDs per resource.
@@ -168,36 +169,22 @@ def test_init_container_devices_are_reused(harness, tmp_path):
 
 # ---------------------------------------------------------------- life cycle (no tap: kubelet.sock directly)
 
-def _node_yaml(tmp_path: pathlib.Path, unhealthy: tuple[str, ...] = ()) -> tuple[pathlib.Path, str]:
-    from plugin.sources.simulated import builtin_text
-
-    data = yaml.safe_load(builtin_text("dgx-a100"))
-    for g in data["gpus"]:
-        if g["name"] in unhealthy:
-            g["health"] = "Unhealthy"
-    path = tmp_path / "node.yaml"
-    return path, yaml.safe_dump(data, sort_keys=False)
-
-
 def test_device_turning_unhealthy(harness, tmp_path):
-    node, healthy_text = _node_yaml(tmp_path)
-    node.write_text(healthy_text)
-    _, sick_text = _node_yaml(tmp_path, unhealthy=("GPU3",))
+    node = tmp_path / "node.yaml"
+    node.write_text(node_yaml())
     steps = [
         start_kubelet("single-numa-node"), start_plugin(daemon_argv(str(node))),
-        wait_resource(GPU, capacity=8, allocatable=8, timeout=20),
-        {"op": "write_file", "path": str(node), "content": sick_text},
-        # The spec: every open stream gets the new list within one second.
-        wait_resource(GPU, capacity=8, allocatable=7, timeout=3),
+        wait_resource(GPU, capacity=8, allocatable=8, timeout=60),
+        {"op": "write_file", "path": str(node), "content": node_yaml(unhealthy=("GPU3",))},
+        # Every open stream gets the new list (how fast is measured in benchmarks/, not here).
+        wait_resource(GPU, capacity=8, allocatable=7, timeout=30),
         {"op": "snapshot"},
         # NUMA 0 has only 3 healthy GPUs left, so 4 must come from NUMA 1.
         pod("four", {GPU: 4}),
-        {"op": "write_file", "path": str(node), "content": healthy_text},
-        wait_resource(GPU, capacity=8, allocatable=8, timeout=3),
+        {"op": "write_file", "path": str(node), "content": node_yaml()},
+        wait_resource(GPU, capacity=8, allocatable=8, timeout=30),
     ]
     run = harness.run(steps, machine_for("dgx-a100"), tmp_path)
-    sick = run.ops("wait_resource")[1]
-    assert sick["reached_s"] < 2.0, sick
     snap = run.ops("snapshot")[0]
     assert "3" not in snap["allocatable_devices"][GPU]
     four = run.admits()["four"]
@@ -206,25 +193,25 @@ def test_device_turning_unhealthy(harness, tmp_path):
     assert not check_admitted_pod(four)
 
 
+# ---- restarts and re-registration: on both Kubernetes lines (line_harness) ----
+
 @pytest.mark.parametrize("stale_socket", [True, False], ids=["crashed-kubelet", "clean-stop"])
-def test_kubelet_restart(harness, tmp_path, stale_socket):
+def test_kubelet_restart(line_harness, tmp_path, stale_socket):
     simulate = "dgx-a100"
     steps = [
         start_kubelet("single-numa-node"), start_plugin(daemon_argv(simulate)),
-        wait_resource(GPU, capacity=8, allocatable=8, timeout=20),
+        wait_resource(GPU, capacity=8, allocatable=8, timeout=60),
         pod("before", {GPU: 2}),
         {"op": "restart_kubelet", "stale_socket": stale_socket},
         # A new device manager over the same directory: our daemon must notice the new
         # kubelet.sock (and its own socket being deleted) and register again.
-        wait_resource(GPU, capacity=8, allocatable=8, timeout=10, hold_s=2),
+        {"op": "wait_registrations", "resource": GPU, "at_least": 2, "timeout": 60},
+        wait_resource(GPU, capacity=8, allocatable=8, timeout=60, hold_s=2),
         {"op": "snapshot"},
         {"op": "run_options", "pod": "before", "container": "c0"},
         pod("after", {GPU: 2}),
     ]
-    run = harness.run(steps, machine_for(simulate), tmp_path)
-    rereg = run.ops("wait_resource")[1]
-    # The spec: a new kubelet.sock is answered with a new registration, normally within 200 ms.
-    assert rereg["reached_s"] < 2.0, rereg
+    run = line_harness.run(steps, machine_for(simulate), tmp_path)
     snap = run.ops("snapshot")[0]
     assert snap["registrations"][GPU] == 2
     before = container_devices(run.admits()["before"]["containers"][0], GPU)
@@ -239,18 +226,19 @@ def test_kubelet_restart(harness, tmp_path, stale_socket):
     assert not container_devices(after["containers"][0], GPU) & before
 
 
-def test_kubelet_restart_keeps_accounting(harness, tmp_path):
+def test_kubelet_restart_keeps_accounting(line_harness, tmp_path):
     simulate = "dgx-a100"
     steps = [
         start_kubelet("none"), start_plugin(daemon_argv(simulate)),
-        wait_resource(GPU, capacity=8, allocatable=8, timeout=20),
+        wait_resource(GPU, capacity=8, allocatable=8, timeout=60),
         pod("before", {GPU: 2}),
         {"op": "restart_kubelet", "stale_socket": True},
-        wait_resource(GPU, capacity=8, allocatable=8, timeout=10),
+        {"op": "wait_registrations", "resource": GPU, "at_least": 2, "timeout": 60},
+        wait_resource(GPU, capacity=8, allocatable=8, timeout=60),
         pod("rest", {GPU: 6}),
         pod("extra", {GPU: 1}),
     ]
-    run = harness.run(steps, machine_for(simulate), tmp_path)
+    run = line_harness.run(steps, machine_for(simulate), tmp_path)
     before = container_devices(run.admits()["before"]["containers"][0], GPU)
     rest = run.admits()["rest"]
     assert rest["admit"], rest
@@ -258,27 +246,26 @@ def test_kubelet_restart_keeps_accounting(harness, tmp_path):
     assert not run.admits()["extra"]["admit"]
 
 
-def test_daemon_sigkill_and_restart(harness, tmp_path):
+def test_daemon_sigkill_and_restart(line_harness, tmp_path):
     simulate = "dgx-a100"
     argv = daemon_argv(simulate)
     steps = [
         start_kubelet("none"), start_plugin(argv),
-        wait_resource(GPU, capacity=8, allocatable=8, timeout=20),
+        wait_resource(GPU, capacity=8, allocatable=8, timeout=60),
         pod("held", {GPU: 2}),
-        {"op": "signal_plugin", "signal": "KILL"},
+        {"op": "signal_plugin", "signal": "KILL", "wait_s": 60},
         # Stream gone: the kubelet marks every device unhealthy and keeps the capacity.
-        wait_resource(GPU, capacity=8, allocatable=0, timeout=5),
+        wait_resource(GPU, capacity=8, allocatable=0, timeout=60),
         {"op": "snapshot"},
         start_plugin(argv),
-        wait_resource(GPU, capacity=8, allocatable=8, timeout=10, hold_s=2),
+        {"op": "wait_registrations", "resource": GPU, "at_least": 2, "timeout": 60},
+        wait_resource(GPU, capacity=8, allocatable=8, timeout=60, hold_s=2),
         {"op": "snapshot"},
         pod("rest", {GPU: 6}),
     ]
-    run = harness.run(steps, machine_for(simulate), tmp_path)
+    run = line_harness.run(steps, machine_for(simulate), tmp_path)
     kill = run.ops("signal_plugin")[0]
     assert kill["exited"] and kill["exit_code"] == -1
-    back = run.ops("wait_resource")[2]
-    assert back["reached_s"] < MAX_REGISTRATION_S, back
     snap = run.ops("snapshot")[1]
     assert snap["registrations"][GPU] == 2 and snap["inactive"] == []
     held = container_devices(run.admits()["held"]["containers"][0], GPU)
@@ -287,17 +274,27 @@ def test_daemon_sigkill_and_restart(harness, tmp_path):
     assert container_devices(rest["containers"][0], GPU) == {str(i) for i in range(8)} - held
 
 
-def test_reregistration_does_not_hit_kubernetes_121994(harness, tmp_path):
+def test_reregistration_does_not_hit_kubernetes_121994(line_harness, tmp_path):
     """Deleting our socket makes the daemon serve again and re-register while the kubelet
-    lives. On 1.28-1.34 a registration made while the old ListAndWatch stream is still open
-    is torn down when that old stream ends (kubernetes #121994): the resource would drop
-    to 0 allocatable a moment after re-registering. It must stay healthy and usable."""
+    lives. Registering while the old ListAndWatch stream is still open goes wrong on every
+    line, differently: on 1.34 the new registration is torn down when the old stream ends
+    (kubernetes #121994: the resource drops to 0 allocatable); on 1.37 the kubelet refuses
+    it ("device plugin already connected") and keeps the dying endpoint, so our later
+    device updates never arrive. The daemon ends the old stream first: the kubelet ends
+    with one registration it listens to, healthy and usable, on both lines."""
     gpu_sock = next(r["socket"] for r in discover("dgx-a100")["resources"] if r["name"] == GPU)
-    run = harness.run(reregistration_steps(daemon_argv("dgx-a100")), machine_for("dgx-a100"), tmp_path)
-    snap = run.ops("snapshot")[0]
-    assert snap["registrations"][GPU] == 2, snap["registrations"]
-    assert gpu_sock in snap["device_plugin_dir"]
-    assert snap["inactive"] == []
+    node = tmp_path / "node.yaml"
+    node.write_text(node_yaml())
+    run = line_harness.run(reregistration_steps(daemon_argv(str(node)), node), machine_for("dgx-a100"),
+                           tmp_path / "run")
+    first, last = run.ops("snapshot")
+    # Exactly one more Register, accepted the first time (a refused one is retried and counted).
+    assert first["registrations"][GPU] == 2 and last["registrations"][GPU] == 2, \
+        (first["registrations"], last["registrations"])
+    assert gpu_sock in first["device_plugin_dir"]
+    assert first["inactive"] == [] and last["inactive"] == []
+    # The health change went through the new stream (wait_resource allocatable=7 passed).
+    assert last["allocatable"][GPU] == 8
     works = run.admits()["works"]
     assert works["admit"] and not check_admitted_pod(works), works
 
@@ -305,9 +302,9 @@ def test_reregistration_does_not_hit_kubernetes_121994(harness, tmp_path):
 def test_sigterm_sends_empty_list_and_exits_zero(harness, tmp_path):
     simulate = "dgx-a100"
     disc = discover(simulate)
-    steps = [start_kubelet("none"), start_plugin(daemon_argv(simulate)), *wait_all(disc, timeout=20),
-             {"op": "signal_plugin", "signal": "TERM", "wait_s": 10},
-             wait_resource(GPU, capacity=0, allocatable=0, timeout=3),
+    steps = [start_kubelet("none"), start_plugin(daemon_argv(simulate)), *wait_all(disc, timeout=60),
+             {"op": "signal_plugin", "signal": "TERM", "wait_s": 60},
+             wait_resource(GPU, capacity=0, allocatable=0, timeout=30),
              {"op": "snapshot"}]
     run = harness.run(steps, machine_for(simulate), tmp_path)
     term = run.ops("signal_plugin")[0]

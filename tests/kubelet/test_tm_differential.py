@@ -1,5 +1,6 @@
 """Differential test: our Topology Manager model (allocator/topologymanager) against the
-real kubelet's topologymanager + devicemanager code (the Go harness), on generated cases.
+real kubelet's topologymanager + devicemanager code (the Go harness, current Kubernetes
+line of k8s_versions.json), on generated cases.
 
 Two kinds of case, in the JSON shapes of the model's evaluate_merge_case and
 evaluate_admission_case:
@@ -7,17 +8,20 @@ evaluate_admission_case:
 * merge cases: NUMA machines of 1-8 nodes (and a few of 9, where the kubelet refuses to
   start unless max-allowable-numa-nodes allows it), every policy and option, 1-3
   providers each with 1-2 resources and random hints (nil, [], masks, preferred or not).
-  The real policy's Merge gives the best hint and admit; the model must agree exactly.
+  The real policy's Merge gives the best hint and admit; every field either side
+  reports must agree.
 * admission cases: a node with 1-2 device resources (devices on NUMA nodes, some without
   topology, some unhealthy, some already in use), a pod with init and app containers,
   a stub plugin answering GetPreferredAllocation with a fixed rule; the real device
-  manager + Topology Manager admit it. The model must agree on admit/reject and the
-  reason, each container's affinity, and the devices and GetPreferredAllocation requests
-  wherever the kubelet's choice is not random (the model marks random fills
-  "arbitrary"; after one, later choices can differ legitimately and are only checked
-  for their sizes).
+  manager + Topology Manager admit it. Plus cases built to make the kubelet fill from
+  both of its last buckets (`fallback_cases`). Compared both ways, field by field:
+  admit, reason, message, each container's stored affinity, the device manager's hints,
+  the devices per container and resource, every GetPreferredAllocation and Allocate
+  call (see "admission" below for the few places the kubelet is random).
 
-Every mismatch fails, with the case and both answers printed.
+Every mismatch fails, with the case and both answers printed. The guard tests below run
+deliberately broken models against the same real results and require mismatches: they
+are how we know the comparison can fail.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ pytestmark = pytest.mark.timeout(1500)
 
 N_MERGE = 3000
 N_ADMISSION = 400
+N_FALLBACK = 40
 POLICIES = ["none", "best-effort", "restricted", "single-numa-node"]
 DISTANCE_CHOICES = [11, 12, 16, 20, 21, 22, 30, 32]
 
@@ -173,6 +178,68 @@ def admission_cases(seed: int, n: int) -> list[dict[str, Any]]:
     return cases
 
 
+def _reaches_fallback_order(allocation: dict[str, Any]) -> bool:
+    """In the model's report, this allocation filled from the unaligned devices while some
+    without NUMA affinity were free too, so the order of the two decides what it gets."""
+    chosen, unaligned, none = (set(allocation[k]) for k in ("devices", "unaligned", "no_affinity"))
+    return (allocation["case"] == "B" and bool(chosen & unaligned) and bool(none)
+            and not (unaligned | none) <= chosen)
+
+
+def fallback_cases(seed: int, n: int) -> list[dict[str, Any]]:
+    """Cases where the kubelet must fill from BOTH its last buckets (devicesToAllocate,
+    Case B: unaligned devices before devices without NUMA affinity).
+
+    That takes a stored affinity narrower than the devices a container needs: a GPU that
+    only NUMA 0 has pulls the merged affinity (best-effort) to {0}, while the same
+    container asks for more NICs than NUMA 0 holds; some NICs sit on other nodes, some
+    report no topology, and the plugin answers too little (no GetPreferredAllocation, or a
+    fixed partial answer). Candidates are drawn at random and kept where the model says
+    the order matters; the real kubelet then checks the model there.
+    """
+    _, evaluate = _model()
+    rng = random.Random(seed)
+    cases: list[dict[str, Any]] = []
+    tries = 0
+    while len(cases) < n:
+        tries += 1
+        assert tries < 50 * n, "fallback case generator cannot reach the fallback order"
+        nodes = list(range(rng.choice([2, 2, 3, 4])))
+        gpus = [{"id": f"gpu{i}", "numa_nodes": [0], "healthy": True} for i in range(rng.randint(1, 3))]
+        nics: list[dict[str, Any]] = []
+        for i in range(rng.randint(1, 2)):
+            nics.append({"id": f"nic{len(nics)}", "numa_nodes": [0], "healthy": True})
+        for i in range(rng.randint(1, 3)):
+            nics.append({"id": f"nic{len(nics)}", "numa_nodes": [rng.choice(nodes[1:])], "healthy": True})
+        for i in range(rng.randint(1, 3)):
+            nics.append({"id": f"nic{len(nics)}", "numa_nodes": None, "healthy": True})
+        rng.shuffle(nics)
+        for i, d in enumerate(nics):
+            d["id"] = f"nic{i}"
+        aligned = [d["id"] for d in nics if d["numa_nodes"] == [0]]
+        rule = rng.choice([None, None, "fixed"])
+        if rule == "fixed":
+            rule = rng.sample(aligned, 1)
+        in_use = {}
+        if rng.random() < 0.3:
+            others = [d["id"] for d in nics if d["numa_nodes"] != [0]]
+            in_use["example.com/nic"] = rng.sample(others, 1)
+        free = len(nics) - len(in_use.get("example.com/nic", []))
+        want = rng.randint(len(aligned) + 1, max(len(aligned) + 1, free - 1))
+        case = {"id": f"fallback-{seed}-{len(cases)}", "numa_nodes": nodes, "policy": "best-effort",
+                "scope": rng.choice(["container", "pod"]), "options": {},
+                "distances": {str(a): [10 if a == b else 20 for b in nodes] for a in nodes},
+                "resources": {"example.com/gpu": {"devices": gpus, "preferred": None},
+                              "example.com/nic": {"devices": nics, "preferred": rule}},
+                "in_use": in_use,
+                "pod": {"uid": f"fallback-{len(cases)}", "name": f"fallback-{len(cases)}", "init_containers": [],
+                        "containers": [{"name": "app0", "limits": {"example.com/gpu": 1, "example.com/nic": want}}]}}
+        model = evaluate(case)
+        if model.get("admit") and any(_reaches_fallback_order(a) for a in model.get("allocations", [])):
+            cases.append(case)
+    return cases
+
+
 # ---------------------------------------------------------------- running the real code
 
 def run_real(harness, tmp_path, mode: str, cases: list[dict[str, Any]], timeout: float = 900) -> list[dict[str, Any]]:
@@ -199,18 +266,10 @@ def _fmt(case, real, model) -> str:
 # ---------------------------------------------------------------- merge
 
 def compare_merge(case, real, model) -> list[str]:
-    diffs = []
-    if (real.get("error") is None) != (model.get("error") is None):
-        diffs.append(f"start-up error: real {real.get('error')!r} model {model.get('error')!r}")
-        return diffs
-    if real.get("error") is not None:
-        if real["error"] != model["error"]:
-            diffs.append(f"error message: real {real['error']!r} model {model['error']!r}")
-        return diffs
-    for k in ("admit", "affinity", "preferred"):
-        if real[k] != model[k]:
-            diffs.append(f"{k}: real {real[k]!r} model {model[k]!r}")
-    return diffs
+    """Every field either side reports (admit, affinity, its mask, preferred, start-up error)."""
+    keys = (set(real) | set(model)) - {"id"}
+    return [f"{k}: real {real.get(k, '<missing>')!r} model {model.get(k, '<missing>')!r}"
+            for k in sorted(keys) if real.get(k, "<missing>") != model.get(k, "<missing>")]
 
 
 @pytest.fixture(scope="module")
@@ -257,66 +316,231 @@ def test_differential_catches_a_mutated_model(merge_results, monkeypatch):
 
 
 # ---------------------------------------------------------------- admission
+#
+# Both sides are brought to one shape (`_norm_real`, `_norm_model`) and every key of
+# either side is compared: a field one side reports and the other does not is a
+# mismatch. The only relaxations are where the kubelet is random (Go map order):
+# * a fill the model marks `arbitrary` (several devices, fewer needed): the chosen
+#   devices may differ, but their number may not, nor (where the random pick is within
+#   one of the kubelet's buckets: no reuse, no over-long plugin answer) how many came
+#   from each bucket (aligned / unaligned / no NUMA affinity);
+# * after such a fill, later containers asking for that resource start from different
+#   free devices: their hints, affinity and devices may differ (sizes may not); where
+#   the outcome differs too, such a container may be where it turned;
+# * the container whose allocation failed (the kubelet walks its resources in map
+#   order, so which ones it allocated before failing varies): skipped, and its error
+#   message may be the one the model gives for another order of its resources.
 
-def compare_admission(case, real, model) -> list[str]:
-    diffs = []
+def _hint_key(h: dict[str, Any] | None) -> tuple[Any, ...]:
+    h = h or {"affinity": None, "preferred": False}
+    return (None if h.get("affinity") is None else tuple(h["affinity"]), bool(h.get("preferred")))
+
+
+def _hints_key(per_res: dict[str, Any] | None) -> dict[str, Any]:
+    return {res: None if hs is None else tuple(_hint_key(h) for h in hs) for res, hs in (per_res or {}).items()}
+
+
+def _containers(case: dict[str, Any]) -> list[str]:
+    return [c["name"] for c in case["pod"]["init_containers"]] + [c["name"] for c in case["pod"]["containers"]]
+
+
+def _norm_real(case, real) -> dict[str, Any]:
+    out: dict[str, Any] = {k: real.get(k) for k in ("admit", "reason", "message")}
+    out["affinity"] = {c: _hint_key((real.get("affinities") or {}).get(c)) for c in _containers(case)}
+    out["hints"] = {c: _hints_key(h) for c, h in (real.get("hints") or {}).items()}
+    out["devices"] = {(a["container"], a["resource"]): tuple(sorted(a["devices"]))
+                      for a in real.get("allocations") or [] if a["devices"]}
+    out["preferred"] = {}
+    for p in real.get("preferred_calls") or []:
+        call = (tuple(p["available"]), tuple(p["must_include"]), p["size"], tuple(sorted(p["answer"])))
+        out["preferred"].setdefault((p["container"], p["resource"]), []).append(call)
+    out["allocate"] = {}
+    for a in real.get("allocate_calls") or []:
+        out["allocate"].setdefault((a["container"], a["resource"]), []).append(tuple(sorted(a["devices"])))
+    return out
+
+
+def _norm_model(case, model) -> dict[str, Any]:
+    out: dict[str, Any] = {k: model.get(k) for k in ("admit", "reason", "message")}
+    out["affinity"] = {c: _hint_key((model.get("affinities") or {}).get(c)) for c in _containers(case)}
+    out["hints"] = {}
+    for m in model.get("merges") or []:
+        key = "" if model.get("scope") == "pod" else m["containers"][0]
+        out["hints"][key] = _hints_key({r["resource"]: r["hints"] for r in m["resources"]})
+    out["devices"], out["preferred"], out["allocate"] = {}, {}, {}
+    # Where a random pick may span buckets: reuse, or a plugin answer longer than the request.
+    out["arbitrary"], out["mixed_pick"] = set(), set()
+    for a in model.get("allocations") or []:
+        key = (a["container"], a["resource"])
+        if a["devices"]:
+            out["devices"][key] = tuple(sorted(a["devices"]))
+        if a.get("preferred_call") is not None:
+            p = a["preferred_call"]
+            out["preferred"].setdefault(key, []).append(
+                (tuple(sorted(p["available"])), tuple(sorted(p["must_include"])), p["size"], tuple(sorted(p["answer"]))))
+        if a.get("allocate_rpc"):
+            out["allocate"].setdefault(key, []).append(tuple(sorted(a["devices"])))
+        if a.get("arbitrary"):
+            out["arbitrary"].add(key)
+        p = a.get("preferred_call")
+        if a.get("reused") or (p is not None and len(p["accepted"]) > p["size"]):
+            out["mixed_pick"].add(key)
+    return out
+
+
+def _bucket(case, resource: str, device: str, affinity: tuple[int, ...] | None) -> str:
+    """The kubelet's filterByAffinity bucket of one device for a stored affinity."""
+    devices = {d["id"]: d.get("numa_nodes") or [] for d in case["resources"][resource]["devices"]}
+    if affinity is None or not any(devices.values()):
+        return "no-affinity"
+    nodes = devices[device]
+    if any(n in affinity for n in nodes):
+        return "aligned"
+    return "unaligned" if any(n != -1 for n in nodes) else "no-affinity"
+
+
+def _resource_orders(case, container: str) -> list[dict[str, Any]]:
+    """The case with `container`'s resources listed in every order (the model allocates in
+    the listed order; the kubelet in Go map order)."""
+    import itertools
+
+    out = []
+    for kind in ("init_containers", "containers"):
+        for i, c in enumerate(case["pod"][kind]):
+            if c["name"] == container:
+                for perm in itertools.permutations(c["limits"].items()):
+                    variant = json.loads(json.dumps(case))
+                    variant["pod"][kind][i]["limits"] = dict(perm)
+                    out.append(variant)
+    return out
+
+
+def compare_admission(case, real, model, evaluate=None) -> list[str]:
     if (real.get("error") is None) != (model.get("error") is None):
         return [f"start-up error: real {real.get('error')!r} model {model.get('error')!r}"]
     if real.get("error") is not None:
         return [] if real["error"] == model["error"] else [f"error: real {real['error']!r} model {model['error']!r}"]
-    if real["admit"] != model["admit"]:
-        diffs.append(f"admit: real {real['admit']} ({real['reason']}: {real['message']}) "
-                     f"model {model['admit']} ({model.get('reason')}: {model.get('message')})")
-        return diffs
-    if real["reason"] != model.get("reason"):
-        diffs.append(f"reason: real {real['reason']!r} model {model.get('reason')!r}")
-    for cname, h in (model.get("affinities") or {}).items():
-        if real["affinities"].get(cname) != h:
-            diffs.append(f"affinity of {cname}: real {real['affinities'].get(cname)} model {h}")
-    if not real["admit"]:
-        return diffs
-    real_allocs = {(a["container"], a["resource"]): sorted(a["devices"]) for a in real["allocations"] or []}
-    real_prefs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for p in real["preferred_calls"] or []:
-        real_prefs.setdefault((p["container"], p["resource"]), []).append(p)
-    arbitrary_before = set()  # resources where an earlier random choice makes later ones free to differ
-    for a in model.get("allocations", []):
-        key = (a["container"], a["resource"])
-        want = sorted(a["devices"])
-        if not a.get("allocate_rpc", True) and not want:
+    r, m = _norm_real(case, real), _norm_model(case, model)
+    outcome = [f"{k}: real {r[k]!r} model {m[k]!r}" for k in ("admit", "reason", "message") if r[k] != m[k]]
+    if outcome == [f"message: real {r['message']!r} model {m['message']!r}"] and evaluate and model.get("failed_container"):
+        # Which of the failed container's resources the kubelet tried first is random.
+        if r["message"] in {evaluate(v).get("message") for v in _resource_orders(case, model["failed_container"])}:
+            outcome = []
+    diffs: list[str] = []
+    if r["hints"].get("") != m["hints"].get(""):  # pod scope: computed before any allocation
+        diffs.append(f"device hints for the pod: real {r['hints'].get('')} model {m['hints'].get('')}")
+    limits = {c["name"]: c["limits"] for kind in ("init_containers", "containers") for c in case["pod"][kind]}
+    keys = set(r["devices"]) | set(m["devices"]) | set(r["preferred"]) | set(m["preferred"]) \
+        | set(r["allocate"]) | set(m["allocate"])
+    drifted: set[str] = set()  # resources whose free devices an earlier random pick changed
+    for c in _containers(case):
+        tainted = bool(drifted & set(limits[c]))
+        if tainted and outcome:
+            # A random pick upstream may decide this container's fate: nothing after is comparable.
+            return diffs
+        if not tainted:
+            if r["affinity"][c] != m["affinity"][c]:
+                diffs.append(f"affinity of {c}: real {r['affinity'][c]} model {m['affinity'][c]}")
+            if r["hints"].get(c) != m["hints"].get(c):
+                diffs.append(f"device hints for {c}: real {r['hints'].get(c)} model {m['hints'].get(c)}")
+        if c == model.get("failed_container"):
             continue
-        got = real_allocs.get(key, [])
-        exact = a["resource"] not in arbitrary_before and not a.get("arbitrary")
-        mp, rp = a.get("preferred_call"), real_prefs.get(key, [])
-        if a["resource"] not in arbitrary_before:
-            if (mp is None) != (not rp):
-                diffs.append(f"{key}: GetPreferredAllocation called: real {bool(rp)} model {mp is not None}")
-            elif mp is not None:
-                r0 = rp[0]
-                for f in ("available", "must_include", "size"):
-                    mv = sorted(mp[f]) if isinstance(mp[f], list) else mp[f]
-                    if r0[f] != mv:
-                        diffs.append(f"{key}: GetPreferredAllocation {f}: real {r0[f]} model {mv}")
-        if exact and got and got != want:
-            diffs.append(f"{key}: devices real {got} model {want}")
-        if len(got) != len(set(want)) and got:
-            diffs.append(f"{key}: device count real {len(got)} model {len(want)}")
-        if a.get("arbitrary"):
-            arbitrary_before.add(a["resource"])
-    return diffs
+        for res in sorted({k[1] for k in keys if k[0] == c}):
+            key = (c, res)
+            exact = not tainted and key not in m["arbitrary"]
+            got, want = r["devices"].get(key, ()), m["devices"].get(key, ())
+            if len(got) != len(want):
+                diffs.append(f"{key}: device count real {len(got)} {list(got)} model {len(want)} {list(want)}")
+            elif exact and got != want:
+                diffs.append(f"{key}: devices real {list(got)} model {list(want)}")
+            elif not tainted and key not in m["mixed_pick"]:
+                aff = r["affinity"][c][0]
+                rb = sorted(_bucket(case, res, d, aff) for d in got)
+                mb = sorted(_bucket(case, res, d, aff) for d in want)
+                if rb != mb:
+                    diffs.append(f"{key}: devices by NUMA bucket real {rb} {list(got)} model {mb} {list(want)}")
+            rp, mp = r["preferred"].get(key, []), m["preferred"].get(key, [])
+            if not tainted and rp != mp:
+                diffs.append(f"{key}: GetPreferredAllocation (available, must_include, size, answer) "
+                             f"real {rp} model {mp}")
+            ra, ma = r["allocate"].get(key, []), m["allocate"].get(key, [])
+            if [len(x) for x in ra] != [len(x) for x in ma] or (exact and ra != ma):
+                diffs.append(f"{key}: Allocate RPCs real {ra} model {ma}")
+            if key in m["arbitrary"]:
+                drifted.add(res)
+    return outcome + diffs
 
 
-def test_admission_cases_agree_with_the_kubelet(harness, tmp_path):
-    _, evaluate_admission_case = _model()
-    cases = admission_cases(seed=7, n=N_ADMISSION)
-    real = run_real(harness, tmp_path, "tm-admission", cases)
+def admission_failures(cases, real, evaluate=None) -> list[str]:
+    evaluate = evaluate or _model()[1]
     failures = []
     for case, r in zip(cases, real):
-        m = evaluate_admission_case(case)
-        d = compare_admission(case, r, m)
+        m = evaluate(case)
+        d = compare_admission(case, r, m, evaluate)
         if d:
             failures.append("; ".join(d) + "\n" + _fmt(case, r, m))
+    return failures
+
+
+@pytest.fixture(scope="module")
+def admission_results(harness, tmp_path_factory):
+    cases = admission_cases(seed=7, n=N_ADMISSION) + fallback_cases(seed=11, n=N_FALLBACK)
+    return cases, run_real(harness, tmp_path_factory.mktemp("tm-admission"), "tm-admission", cases)
+
+
+def test_admission_cases_agree_with_the_kubelet(admission_results):
+    cases, real = admission_results
+    failures = admission_failures(cases, real)
     admitted = sum(1 for r in real if r.get("admit"))
     assert 0.2 * len(cases) < admitted < 0.95 * len(cases), f"generator imbalance: {admitted} admitted"
     assert any(r.get("preferred_calls") for r in real)
     assert not failures, f"{len(failures)} of {len(cases)} admission cases differ; first ones:\n\n" + "\n\n".join(failures[:5])
+
+
+def test_admission_comparison_catches_a_model_that_allocates_nothing(admission_results):
+    """A model that admits like the kubelet but reports no devices, no GetPreferredAllocation
+    or Allocate calls and no affinities must fail the comparison wherever the kubelet
+    allocated something or stored an affinity."""
+    cases, real = admission_results
+    _, evaluate = _model()
+
+    def empty(case):
+        out = evaluate(case)
+        return {**out, "allocations": [], "affinities": {}}
+
+    failures = admission_failures(cases, real, empty)
+    allocated = sum(1 for r in real if r.get("allocations"))
+    print(f"model without allocations/affinities: {len(failures)} of {len(cases)} cases differ "
+          f"({allocated} where the kubelet allocated), e.g.\n{failures[0][:600] if failures else ''}")
+    assert allocated > 50 and len(failures) >= allocated
+
+
+def test_admission_comparison_catches_a_model_without_hints(admission_results):
+    cases, real = admission_results
+    _, evaluate = _model()
+    failures = admission_failures(cases, real, lambda case: {**evaluate(case), "merges": []})
+    hinted = sum(1 for r in real if any(h for h in (r.get("hints") or {}).values()))
+    assert hinted > 50 and len(failures) >= hinted
+
+
+def test_admission_comparison_catches_a_swapped_fallback_order(admission_results, monkeypatch):
+    """The kubelet fills a Case B shortfall from the unaligned devices before those without
+    NUMA affinity (devicesToAllocate). A model that swaps the two must fail against the
+    real kubelet: the fallback cases (fallback_cases) make the kubelet take that path."""
+    import importlib
+
+    # The package re-exports the function under the module's name: fetch the module itself.
+    dta = importlib.import_module("allocator.topologymanager.devices_to_allocate")
+
+    right = dta.filter_by_affinity
+
+    def swapped(*args, **kw):
+        aligned, unaligned, none = right(*args, **kw)
+        return aligned, none, unaligned
+
+    monkeypatch.setattr(dta, "filter_by_affinity", swapped)
+    cases, real = admission_results
+    failures = admission_failures(cases, real)
+    print(f"model with the fallback order swapped: {len(failures)} of {len(cases)} cases differ, e.g.\n"
+          f"{failures[0][:600] if failures else ''}")
+    assert len(failures) >= N_FALLBACK // 2

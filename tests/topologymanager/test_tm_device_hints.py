@@ -1,5 +1,6 @@
 """Device-manager hint cases ported from the kubelet's devicemanager/topology_hints_test.go
-(getCommonTestCases, getPodScopeTestCases) plus the hint-generation rules they rely on."""
+(getCommonTestCases, getPodScopeTestCases; expectations of 1.37, where masks only span
+the NUMA nodes holding devices of the resource) plus the rules they rely on."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ COMMON = [
     ("Single Request, no alignment", {"testdevice": 1},
      {"testdevice": [D("Dev1"), D("Dev2"), D("Dev3", ()), D("Dev4", ())]}, {}, {"testdevice": None}),
     ("Single Request, only one with alignment", {"testdevice": 1},
-     {"testdevice": [D("Dev1"), D("Dev2", 1)]}, {}, {"testdevice": [H((1,), True), H((0, 1), False)]}),
+     {"testdevice": [D("Dev1"), D("Dev2", 1)]}, {}, {"testdevice": [H((1,), True)]}),
     ("Single Request, one device per socket", {"testdevice": 1},
      {"testdevice": [D("Dev1", 0), D("Dev2", 1)]}, {}, {"testdevice": ALL}),
     ("Request for 2, one device per socket", {"testdevice": 2},
@@ -68,13 +69,13 @@ COMMON = [
      {"testdevice": [H((0, 1), False)]}),
     ("2 device types, mixed configuration", {"testdevice1": 2, "testdevice2": 1},
      {"testdevice1": TWO_PER_NODE, "testdevice2": [D("Dev1", 0)]}, {},
-     {"testdevice1": ALL, "testdevice2": [H((0,), True), H((0, 1), False)]}),
+     {"testdevice1": ALL, "testdevice2": [H((0,), True)]}),
     ("Single device type, more requested than available", {"testdevice": 6},
      {"testdevice": [D("Dev1", 0), D("Dev2", 0), D("Dev3", 1), D("Dev4", 1)]}, {}, {"testdevice": []}),
     ("Single device type, all already allocated to container", {"testdevice": 2},
      {"testdevice": [D("Dev1", 0), D("Dev2", 0)]},
      {"fakePod": {"fakeContainer": {"testdevice": ["Dev1", "Dev2"]}}},
-     {"testdevice": [H((0,), True), H((0, 1), False)]}),
+     {"testdevice": [H((0,), True)]}),
     ("Single device type, less already allocated to container than requested", {"testdevice": 4},
      {"testdevice": [D("Dev1", 0), D("Dev2", 0), D("Dev3", 1), D("Dev4", 1)]},
      {"fakePod": {"fakeContainer": {"testdevice": ["Dev1", "Dev2"]}}}, {"testdevice": []}),
@@ -179,9 +180,18 @@ def test_reusable_device_with_empty_topology_excludes_every_mask():
 
 def test_device_on_a_non_machine_node_never_counts():
     devices = {"a": DeviceInfo("a", (5,)), "b": DeviceInfo("b", (-1,)), "c": DeviceInfo("c", (1,))}
-    assert generate_device_topology_hints((0, 1), devices, ["a", "b", "c"], (), 1) == [
-        H((1,), True), H((0, 1), False)
-    ]
+    # Nodes 5 and -1 are not the machine's: masks span node 1 only.
+    assert generate_device_topology_hints((0, 1), devices, ["a", "b", "c"], (), 1) == [H((1,), True)]
+
+
+def test_masks_span_only_nodes_holding_devices():
+    """1.37: a node without devices of the resource never appears in its hints (1.34 and
+    older also offered the wider masks {0,1}, {1,2} and {0,1,2} here)."""
+    devices = {"a": DeviceInfo("a", (1,)), "b": DeviceInfo("b", (1,))}
+    assert generate_device_topology_hints((0, 1, 2), devices, ["a", "b"], (), 2) == [H((1,), True)]
+    # No device has a machine node: every machine node is iterated, as the kubelet falls back.
+    flat = {"a": DeviceInfo("a", (7,))}
+    assert min_affinity_size((0, 1), flat, 1) == 2
 
 
 def test_resource_hints_notes():

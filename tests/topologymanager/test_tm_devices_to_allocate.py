@@ -172,6 +172,52 @@ def test_case_b_short_asks_with_all_free_plus_chosen():
     assert list(out.devices) == ["2", "3", "7"] and not out.arbitrary
 
 
+# The kubelet's last resort in Case B (manager.go devicesToAllocate): after all aligned
+# devices and the plugin's accepted answer, it fills from the UNALIGNED devices (on other
+# NUMA nodes) and only then from the devices WITHOUT NUMA affinity.
+# A* on node 0 (aligned with the hint {0}), U* on node 1 (unaligned), N* without topology.
+FALLBACK_DEVICES = [D("A0", 0), D("U1", 1), D("U2", 1), D("N1"), D("N2")]
+
+# (description, required, plugin answer (None: no GetPreferredAllocation), in use,
+#  expected devices (exact) or None, expected count per bucket, arbitrary)
+FALLBACK_CASES = [
+    ("no preferred call: unaligned before no-affinity", 3, None, (),
+     ["A0", "U1", "U2"], {"aligned": 1, "unaligned": 2}, False),
+    ("empty answer: unaligned before no-affinity", 3, [], (),
+     ["A0", "U1", "U2"], {"aligned": 1, "unaligned": 2}, False),
+    ("answer too short: unaligned exhausted, then no-affinity", 4, ["A0"], (),
+     None, {"aligned": 1, "unaligned": 2, "none": 1}, True),
+    ("one unaligned left: it goes before either no-affinity device", 3, None, ("U2",),
+     None, {"aligned": 1, "unaligned": 1, "none": 1}, True),
+    ("more unaligned than needed: still none of the no-affinity ones", 2, None, (),
+     None, {"aligned": 1, "unaligned": 1}, True),
+    ("no unaligned device free: no-affinity fills", 2, None, ("U1", "U2"),
+     None, {"aligned": 1, "none": 1}, True),
+    ("the plugin's answer wins over the fallback order", 3, ["A0", "N1", "N2"], (),
+     ["A0", "N1", "N2"], {"aligned": 1, "none": 2}, False),
+]
+
+
+@pytest.mark.parametrize("description, required, answer, in_use, devices, buckets, arbitrary", FALLBACK_CASES,
+                         ids=[c[0] for c in FALLBACK_CASES])
+def test_case_b_fallback_order(description, required, answer, in_use, devices, buckets, arbitrary):
+    all_devices = {d.id: d for d in FALLBACK_DEVICES}
+    out = devices_to_allocate(
+        resource="res", required=required, all_devices=all_devices, healthy=all_devices, in_use=in_use,
+        hint=H((0,)), preferred=None if answer is None else fixed(answer),
+    )
+    assert out.case == "B"
+
+    def bucket(d):
+        numa = all_devices[d].numa_nodes
+        return "none" if not numa else "aligned" if numa == (0,) else "unaligned"
+
+    assert dict(Counter(bucket(d) for d in out.devices)) == buckets
+    if devices is not None:
+        assert sorted(out.devices) == sorted(devices)
+    assert out.arbitrary is arbitrary
+
+
 def test_nil_affinity_puts_everything_in_no_affinity():
     out, calls = _run(2, H(None, False), answer=["6", "7"])
     assert out.aligned == () and len(out.no_affinity) == 8

@@ -1,4 +1,4 @@
-"""Policy option cases (kubelet 1.32 levels: prefer-closest GA, max-allowable beta)."""
+"""Policy option cases (kubelet 1.37 levels: prefer-closest and max-allowable both GA)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ from allocator.topologymanager.options import check_policy_option_available, go_
         ),
         ("max allowable 8", {"max-allowable-numa-nodes": "8"}, FeatureGates(), PolicyOptions(False, 8)),
         ("max allowable 12", {"max-allowable-numa-nodes": "12"}, FeatureGates(), PolicyOptions(False, 12)),
+        (
+            "max allowable is GA: no gate needed",
+            {"max-allowable-numa-nodes": "12"},
+            FeatureGates(policy_beta_options=False),
+            PolicyOptions(False, 12),
+        ),
         (
             "both",
             {"prefer-closest-numa-nodes": "true", "max-allowable-numa-nodes": "16"},
@@ -65,12 +71,6 @@ def test_parse_policy_options(description, options, gates, expected):
             FeatureGates(),
             'the minimum value of "max-allowable-numa-nodes" should not be less than 8',
         ),
-        (
-            "beta option with beta gate off",
-            {"max-allowable-numa-nodes": "12"},
-            FeatureGates(policy_beta_options=False),
-            'Topology Manager Policy Beta-level Options not enabled, but option "max-allowable-numa-nodes" provided',
-        ),
     ],
 )
 def test_parse_policy_options_errors(description, options, gates, message):
@@ -91,7 +91,7 @@ def test_more_than_default_max_warns():
         ("this-option-does-not-exist", FeatureGates(True, True), False),
         ("prefer-closest-numa-nodes", FeatureGates(False, False), True),
         ("max-allowable-numa-nodes", FeatureGates(False, True), True),
-        ("max-allowable-numa-nodes", FeatureGates(False, False), False),
+        ("max-allowable-numa-nodes", FeatureGates(False, False), True),
     ],
 )
 def test_option_available(option, gates, available):

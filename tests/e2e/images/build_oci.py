@@ -4,8 +4,9 @@ Two images are built for the real-kubelet e2e test:
 
 * ``localhost/topo-e2e/busybox:1.35`` — Debian's ``busybox-static`` binary with its applet
   links, used as the test pod's container;
-* the pod sandbox image (name given by the caller, by default ``registry.k8s.io/pause:3.10``,
-  the kubelet 1.32 default) holding a static Go "pause" binary.
+* the pod sandbox image (name given by the caller, by default ``registry.k8s.io/pause:3.10``:
+  only a name, which containerd's ``sandbox_image`` points at; no kubelet version pins it)
+  holding a static Go "pause" binary.
 
 The archive is an OCI image layout tarball (``oci-layout``, ``index.json``, ``blobs/sha256``)
 that ``ctr images import`` accepts; ``io.containerd.image.name`` in the index names the image.

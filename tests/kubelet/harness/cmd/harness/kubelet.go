@@ -3,23 +3,16 @@ package main
 import (
 	"fmt"
 	"sort"
-	"strconv"
 	"sync"
-	"time"
 
-	cadvisorapi "github.com/google/cadvisor/info/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
-	"k8s.io/kubernetes/pkg/kubelet/cm/cpumanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
-	"k8s.io/kubernetes/pkg/kubelet/cm/memorymanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
-	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
-	"k8s.io/utils/cpuset"
 )
 
 // machine is the simulated node: NUMA node IDs, cadvisor distance rows and a few CPUs
@@ -28,36 +21,6 @@ type machine struct {
 	NUMANodes   []int            `json:"numa_nodes"`
 	Distances   map[string][]int `json:"distances"`
 	CPUsPerNode int              `json:"cpus_per_node"`
-}
-
-func (m machine) cadvisor() ([]cadvisorapi.Node, *cadvisorapi.MachineInfo) {
-	cpus := m.CPUsPerNode
-	if cpus <= 0 {
-		cpus = 2
-	}
-	var nodes []cadvisorapi.Node
-	next := 0
-	for _, id := range m.NUMANodes {
-		n := cadvisorapi.Node{Id: id, Memory: 64 << 30}
-		if row, ok := m.Distances[strconv.Itoa(id)]; ok {
-			for _, d := range row {
-				n.Distances = append(n.Distances, uint64(d))
-			}
-		}
-		for c := 0; c < cpus; c++ {
-			n.Cores = append(n.Cores, cadvisorapi.Core{Id: next, Threads: []int{next}, SocketID: id})
-			next++
-		}
-		nodes = append(nodes, n)
-	}
-	info := &cadvisorapi.MachineInfo{
-		NumCores:         next,
-		NumPhysicalCores: next,
-		NumSockets:       len(nodes),
-		MemoryCapacity:   uint64(len(nodes)) * (64 << 30),
-		Topology:         nodes,
-	}
-	return nodes, info
 }
 
 // readySources is config.SourcesReady with a switch (the kubelet's is true once every
@@ -76,48 +39,29 @@ func (s *readySources) AllReady() bool {
 func (s *readySources) set(v bool) { s.mu.Lock(); s.ready = v; s.mu.Unlock() }
 
 // kubeletCM is the part of the kubelet's container manager that matters here, wired
-// as pkg/kubelet/cm/container_manager_linux.go (NewContainerManager and Start) does:
-// topologymanager.NewManager, then devicemanager.NewManagerImpl(topology, tm) added as
-// the first hint provider, then the CPU and memory managers (policy none) as the
-// other two providers. Start order: CPU manager, memory manager, device manager.
+// as pkg/kubelet/cm/container_manager_linux.go (NewContainerManager and Start) does in
+// the release this binary is built from (newManagers, kapi_v*.go).
 type kubeletCM struct {
 	Policy  string
 	Scope   string
 	Options map[string]string
 
-	tm  topologymanager.Manager
-	dm  *devicemanager.ManagerImpl
-	cpu cpumanager.Manager
-	mem memorymanager.Manager
+	tm    topologyMgr
+	dm    deviceMgr
+	start startFunc
 }
 
 func newKubeletCM(w *world, policy, scope string, options map[string]string) (*kubeletCM, error) {
-	nodes, info := w.machine.cadvisor()
-	tm, err := topologymanager.NewManager(nodes, policy, scope, options)
+	tm, dm, start, err := newManagers(w, policy, scope, options)
 	if err != nil {
-		return nil, fmt.Errorf("topologymanager.NewManager: %w", err)
+		return nil, err
 	}
-	dm, err := devicemanager.NewManagerImpl(nodes, tm)
-	if err != nil {
-		return nil, fmt.Errorf("devicemanager.NewManagerImpl: %w", err)
-	}
-	// The recorder is a pure pass-through to dm (it only notes the hints it returns and
-	// which container is being allocated, to tag the RPCs the kubelet makes).
-	tm.AddHintProvider(&recordingProvider{inner: dm, w: w})
-	cpu, err := cpumanager.NewManager("none", nil, 10*time.Second, info, cpuset.New(), v1.ResourceList{}, kubeletDir, tm)
-	if err != nil {
-		return nil, fmt.Errorf("cpumanager.NewManager: %w", err)
-	}
-	tm.AddHintProvider(cpu)
-	mem, err := memorymanager.NewManager("None", info, v1.ResourceList{}, nil, kubeletDir, tm)
-	if err != nil {
-		return nil, fmt.Errorf("memorymanager.NewManager: %w", err)
-	}
-	tm.AddHintProvider(mem)
-	return &kubeletCM{Policy: policy, Scope: scope, Options: options, tm: tm, dm: dm, cpu: cpu, mem: mem}, nil
+	return &kubeletCM{Policy: policy, Scope: scope, Options: options, tm: tm, dm: dm, start: start}, nil
 }
 
-func (k *kubeletCM) start(w *world) error {
+// run starts the managers with the world's active pods' containers as the ones the
+// runtime already runs (what a restarted kubelet finds).
+func (k *kubeletCM) run(w *world) error {
 	initial := containermap.NewContainerMap()
 	running := sets.New[string]()
 	for _, p := range w.activePods() {
@@ -127,13 +71,7 @@ func (k *kubeletCM) start(w *world) error {
 			running.Insert(id)
 		}
 	}
-	if err := k.cpu.Start(cpumanager.ActivePodsFunc(w.activePods), w.sources, nil, nil, initial.Clone()); err != nil {
-		return fmt.Errorf("cpu manager start: %w", err)
-	}
-	if err := k.mem.Start(memorymanager.ActivePodsFunc(w.activePods), w.sources, nil, nil, initial.Clone()); err != nil {
-		return fmt.Errorf("memory manager start: %w", err)
-	}
-	return k.dm.Start(devicemanager.ActivePodsFunc(w.activePods), w.sources, initial.Clone(), running)
+	return k.start(initial, running)
 }
 
 func allContainers(p *v1.Pod) []v1.Container {
@@ -142,30 +80,6 @@ func allContainers(p *v1.Pod) []v1.Container {
 
 func fakeContainerID(p *v1.Pod, name string) string {
 	return "containerd://" + string(p.UID) + "-" + name
-}
-
-// recordingProvider passes every call through to the device manager unchanged.
-type recordingProvider struct {
-	inner *devicemanager.ManagerImpl
-	w     *world
-}
-
-func (r *recordingProvider) GetTopologyHints(pod *v1.Pod, c *v1.Container) map[string][]topologymanager.TopologyHint {
-	h := r.inner.GetTopologyHints(pod, c)
-	r.w.noteHints(string(pod.UID), c.Name, h)
-	return h
-}
-
-func (r *recordingProvider) GetPodTopologyHints(pod *v1.Pod) map[string][]topologymanager.TopologyHint {
-	h := r.inner.GetPodTopologyHints(pod)
-	r.w.noteHints(string(pod.UID), "", h)
-	return h
-}
-
-func (r *recordingProvider) Allocate(pod *v1.Pod, c *v1.Container) error {
-	r.w.setCurrent(pod.Name, c.Name)
-	defer r.w.setCurrent("", "")
-	return r.inner.Allocate(pod, c)
 }
 
 // ---- pods ----
@@ -267,7 +181,7 @@ func devicesOut(rdi devicemanager.ResourceDeviceInstances) map[string]map[string
 	return out
 }
 
-func deviceOut(d pluginapi.Device) deviceJSON {
+func deviceOut(d *pluginapi.Device) deviceJSON {
 	var numa []int
 	if d.Topology != nil {
 		for _, n := range d.Topology.Nodes {
@@ -351,7 +265,7 @@ func (w *world) admit(spec podSpec) (*admitResult, error) {
 	w.hints = map[string]map[string][]topologymanager.TopologyHint{}
 	w.mu.Unlock()
 
-	res := k.tm.Admit(&lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: others})
+	res := k.tm.admit(pod, others)
 
 	out := &admitResult{Pod: pod.Name, UID: string(pod.UID), Admit: res.Admit, Reason: res.Reason, Message: res.Message}
 	if !res.Admit {
@@ -361,7 +275,7 @@ func (w *world) admit(spec podSpec) (*admitResult, error) {
 		pod.Status.Phase = v1.PodRunning
 		for _, c := range allContainers(pod) {
 			c := c
-			k.tm.AddContainer(pod, &c, fakeContainerID(pod, c.Name))
+			k.tm.addContainer(pod, &c, fakeContainerID(pod, c.Name))
 		}
 	}
 	w.mu.Lock()
@@ -379,15 +293,15 @@ func (w *world) admit(spec podSpec) (*admitResult, error) {
 		if h, ok := hints[c.Name]; ok {
 			cr.Hints = hintsOut(h)
 		}
-		aff := k.tm.GetAffinity(string(pod.UID), c.Name)
+		aff := k.tm.affinity(string(pod.UID), c.Name)
 		if aff.NUMANodeAffinity != nil || aff.Preferred {
 			h := hintOut(aff)
 			cr.Affinity = &h
 		}
-		cr.Devices = devicesOut(k.dm.GetDevices(string(pod.UID), c.Name))
+		cr.Devices = devicesOut(k.dm.devices(string(pod.UID), c.Name))
 		if res.Admit {
 			// What the kubelet passes to the runtime at container start (GetResources).
-			opts, err := k.dm.GetDeviceRunContainerOptions(pod, &c)
+			opts, err := k.dm.runOptions(pod, &c)
 			if err != nil {
 				cr.RunError = err.Error()
 			}

@@ -16,6 +16,8 @@
 //	    with in-process stub plugins (sandboxed like script mode).
 //	harness -mode podresources [-socket PATH]
 //	    Prints the kubelet's pod-resources List and GetAllocatableResources as JSON.
+//	harness -mode version
+//	    Prints the Kubernetes module versions this binary was built from, as JSON.
 package main
 
 import (
@@ -25,6 +27,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -32,7 +36,7 @@ import (
 )
 
 func main() {
-	mode := flag.String("mode", "script", "script | tm-merge | tm-admission")
+	mode := flag.String("mode", "script", "script | tm-merge | tm-admission | podresources | version")
 	workdir := flag.String("workdir", "", "scratch directory (script, tm-admission)")
 	in := flag.String("in", "", "input file")
 	out := flag.String("out", "", "output file (default stdout)")
@@ -41,6 +45,10 @@ func main() {
 	flag.Parse()
 	kubeletmetrics.Register()
 
+	if *mode == "version" {
+		os.Stdout.Write(mustJSON(buildVersions()))
+		return
+	}
 	if *mode == "podresources" {
 		b, err := podResources(*socket)
 		if err != nil {
@@ -86,6 +94,34 @@ func quietKlog() {
 	klog.SetOutputBySeverity("WARNING", os.Stderr)
 	klog.SetOutputBySeverity("ERROR", os.Stderr)
 	klog.SetOutputBySeverity("FATAL", os.Stderr)
+}
+
+// buildVersions reports the k8s.io/kubernetes module and the staging version (that of
+// k8s.io/kubelet, after its replace) linked into this binary, and its build tags.
+func buildVersions() map[string]string {
+	out := map[string]string{"go": runtime.Version()}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return out
+	}
+	for _, d := range info.Deps {
+		v := d.Version
+		if d.Replace != nil {
+			v = d.Replace.Version
+		}
+		switch d.Path {
+		case "k8s.io/kubernetes":
+			out["kubernetes"] = v
+		case "k8s.io/kubelet":
+			out["staging"] = v
+		}
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-tags" {
+			out["build_tags"] = s.Value
+		}
+	}
+	return out
 }
 
 func fatal(code int, format string, args ...any) {

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/component-base/metrics/legacyregistry"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -105,7 +106,7 @@ func (w *world) startKubelet(policy, scope string, options map[string]string) (m
 	if err != nil {
 		return nil, err
 	}
-	if err := k.start(w); err != nil {
+	if err := k.run(w); err != nil {
 		return nil, err
 	}
 	w.kubelet = k
@@ -155,7 +156,7 @@ func (w *world) step(op string, raw json.RawMessage) (map[string]any, error) {
 		}
 		// Stop ends the registration server and closes every plugin connection: what
 		// a plugin sees when the kubelet process goes away.
-		if err := old.dm.Stop(); err != nil {
+		if err := old.dm.stop(); err != nil {
 			return nil, err
 		}
 		w.kubelet = nil
@@ -297,6 +298,12 @@ func (w *world) step(op string, raw json.RawMessage) (map[string]any, error) {
 	case "wait_resource":
 		return w.waitResource(raw)
 
+	case "wait_registrations":
+		return w.waitRegistrations(raw)
+
+	case "wait_checkpoint":
+		return w.waitCheckpoint(raw)
+
 	case "snapshot":
 		return w.snapshot()
 
@@ -327,7 +334,7 @@ func (w *world) step(op string, raw json.RawMessage) (map[string]any, error) {
 		}
 		if w.kubelet != nil {
 			for _, c := range allContainers(p) {
-				_ = w.kubelet.tm.RemoveContainer(fakeContainerID(p, c.Name))
+				_ = w.kubelet.tm.removeContainer(fakeContainerID(p, c.Name))
 			}
 		}
 		return nil, nil
@@ -346,11 +353,11 @@ func (w *world) step(op string, raw json.RawMessage) (map[string]any, error) {
 			for _, c := range allContainers(p) {
 				if c.Name == a.Container {
 					c := c
-					opts, err := w.kubelet.dm.GetDeviceRunContainerOptions(p, &c)
+					opts, err := w.kubelet.dm.runOptions(p, &c)
 					b, _ := json.Marshal(runOptionsOut(opts))
 					var m any
 					_ = json.Unmarshal(b, &m)
-					return map[string]any{"run_options": m, "devices": devicesOut(w.kubelet.dm.GetDevices(string(p.UID), c.Name))}, err
+					return map[string]any{"run_options": m, "devices": devicesOut(w.kubelet.dm.devices(string(p.UID), c.Name))}, err
 				}
 			}
 		}
@@ -442,7 +449,7 @@ func (w *world) capacity() (map[string]int64, map[string]int64, []string) {
 	if w.kubelet == nil {
 		return map[string]int64{}, map[string]int64{}, []string{}
 	}
-	c, a, inactive := w.kubelet.dm.GetCapacity()
+	c, a, inactive := w.kubelet.dm.capacity()
 	sort.Strings(inactive)
 	if inactive == nil {
 		inactive = []string{}
@@ -517,6 +524,64 @@ func (w *world) waitResource(raw json.RawMessage) (map[string]any, error) {
 	}
 }
 
+// pollState calls check until it reports done or timeoutS passes (30 s if unset), and
+// returns check's last state with reached_s or timed_out added.
+func pollState(timeoutS float64, what string, check func() (bool, map[string]any)) (map[string]any, error) {
+	if timeoutS <= 0 {
+		timeoutS = 30
+	}
+	t0 := time.Now()
+	for {
+		done, state := check()
+		if done {
+			state["reached_s"] = time.Since(t0).Seconds()
+			return state, nil
+		}
+		if time.Since(t0) > time.Duration(timeoutS*float64(time.Second)) {
+			state["timed_out"] = true
+			return state, fmt.Errorf("timed out after %.1fs waiting for %s (last: %v)", timeoutS, what, state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitRegistrations polls the kubelet's own registration counter for a resource until
+// it reaches at_least: proof that a Register call arrived, whatever the timing.
+func (w *world) waitRegistrations(raw json.RawMessage) (map[string]any, error) {
+	var a struct {
+		Resource string  `json:"resource"`
+		AtLeast  float64 `json:"at_least"`
+		Timeout  float64 `json:"timeout"`
+	}
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, err
+	}
+	return pollState(a.Timeout, fmt.Sprintf("%v registrations of %s", a.AtLeast, a.Resource), func() (bool, map[string]any) {
+		n := registrationCounts()[a.Resource]
+		return n >= a.AtLeast, map[string]any{"count": n}
+	})
+}
+
+// waitCheckpoint polls the device manager's checkpoint file until it records `registered`
+// healthy devices for a resource (the kubelet writes it after updating its device maps).
+func (w *world) waitCheckpoint(raw json.RawMessage) (map[string]any, error) {
+	var a struct {
+		Resource   string  `json:"resource"`
+		Registered int     `json:"registered"`
+		Timeout    float64 `json:"timeout"`
+	}
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return nil, err
+	}
+	return pollState(a.Timeout, fmt.Sprintf("%d registered %s devices in the checkpoint", a.Registered, a.Resource), func() (bool, map[string]any) {
+		have := -1
+		if cp, err := readCheckpoint(); err == nil {
+			have = len(cp["registered_devices"].(map[string][]string)[a.Resource])
+		}
+		return have == a.Registered, map[string]any{"registered": have}
+	})
+}
+
 func nilIfMissing(v int64, ok bool) any {
 	if !ok {
 		return nil
@@ -549,7 +614,7 @@ func (w *world) snapshot() (map[string]any, error) {
 	c, a, inactive := w.capacity()
 	out := map[string]any{"capacity": c, "allocatable": a, "inactive": inactive, "registrations": registrationCounts()}
 	if w.kubelet != nil {
-		out["allocatable_devices"] = devicesOut(w.kubelet.dm.GetAllocatableDevices())
+		out["allocatable_devices"] = devicesOut(w.kubelet.dm.allocatable())
 	}
 	entries, _ := os.ReadDir(pluginapi.DevicePluginPath)
 	var names []string
@@ -607,10 +672,10 @@ func readCheckpoint() (map[string]any, error) {
 		ent := map[string]any{"pod_uid": e.PodUID, "container": e.ContainerName, "resource": e.ResourceName, "device_ids": e.DeviceIDs}
 		if raw, err := base64.StdEncoding.DecodeString(e.AllocResp); err == nil {
 			var r pluginapi.ContainerAllocateResponse
-			if err := r.Unmarshal(raw); err == nil {
+			if err := proto.Unmarshal(raw, &r); err == nil {
 				ent["envs"] = r.Envs
 				var cdi []string
-				for _, d := range r.CDIDevices {
+				for _, d := range r.CdiDevices {
 					cdi = append(cdi, d.Name)
 				}
 				ent["cdi_devices"] = cdi
@@ -640,6 +705,6 @@ func (w *world) shutdown() {
 		w.tap.stop()
 	}
 	if w.kubelet != nil {
-		_ = w.kubelet.dm.Stop()
+		_ = w.kubelet.dm.stop()
 	}
 }

@@ -74,6 +74,7 @@ type tapRegistration struct {
 }
 
 type tap struct {
+	pluginapi.UnimplementedRegistrationServer
 	w       *world
 	dir     string
 	srv     *grpc.Server
@@ -165,6 +166,7 @@ func (t *tap) register(ctx context.Context, req *pluginapi.RegisterRequest) erro
 }
 
 type proxy struct {
+	pluginapi.UnimplementedDevicePluginServer
 	res string
 	up  pluginapi.DevicePluginClient
 	w   *world
@@ -216,7 +218,7 @@ func (p *proxy) Allocate(ctx context.Context, r *pluginapi.AllocateRequest) (*pl
 	rec := rpcRecord{Method: "Allocate", Resource: p.res}
 	var reqs [][]string
 	for _, c := range r.ContainerRequests {
-		reqs = append(reqs, sortedCopy(c.DevicesIDs))
+		reqs = append(reqs, sortedCopy(c.DevicesIds))
 	}
 	rec.Request = reqs
 	if err != nil {
@@ -230,7 +232,7 @@ func (p *proxy) Allocate(ctx context.Context, r *pluginapi.AllocateRequest) (*pl
 
 func (p *proxy) PreStartContainer(ctx context.Context, r *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
 	resp, err := p.up.PreStartContainer(ctx, r)
-	rec := rpcRecord{Method: "PreStartContainer", Resource: p.res, Request: sortedCopy(r.DevicesIDs)}
+	rec := rpcRecord{Method: "PreStartContainer", Resource: p.res, Request: sortedCopy(r.DevicesIds)}
 	if err != nil {
 		rec.Error = err.Error()
 	}

@@ -109,8 +109,7 @@ func evalMergeCase(raw json.RawMessage) any {
 		out["harness_error"] = err.Error()
 		return out
 	}
-	nodes, _ := c.machine().cadvisor()
-	mgr, err := topologymanager.NewManager(nodes, c.Policy, c.scope(), c.Options)
+	mgr, err := newTopologyManager(c.machine(), c.Policy, c.scope(), c.Options)
 	if err != nil {
 		out["admit"], out["affinity"], out["affinity_mask"], out["preferred"], out["error"] = false, nil, nil, false, err.Error()
 		return out
@@ -140,7 +139,7 @@ func evalMergeCase(raw json.RawMessage) any {
 		}
 		providers = append(providers, m)
 	}
-	best, admit := mgr.GetPolicy().Merge(providers)
+	best, admit := mgr.merge(providers)
 	h := hintOut(best)
 	out["admit"], out["affinity"], out["affinity_mask"], out["preferred"], out["error"] = admit, h.Affinity, maskValue(best.NUMANodeAffinity), best.Preferred, nil
 	return out
@@ -256,6 +255,7 @@ type allocCall struct {
 }
 
 type stubPlugin struct {
+	pluginapi.UnimplementedDevicePluginServer
 	res     string
 	devices []*pluginapi.Device
 	rule    *preferredRule
@@ -324,10 +324,10 @@ func (s *stubPlugin) Allocate(_ context.Context, r *pluginapi.AllocateRequest) (
 	_, cont := s.w.current()
 	for _, c := range r.ContainerRequests {
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs: map[string]string{"STUB_" + strings.ToUpper(strings.NewReplacer("/", "_", ".", "_", "-", "_").Replace(s.res)): strings.Join(c.DevicesIDs, ",")},
+			Envs: map[string]string{"STUB_" + strings.ToUpper(strings.NewReplacer("/", "_", ".", "_", "-", "_").Replace(s.res)): strings.Join(c.DevicesIds, ",")},
 		})
 		s.mu.Lock()
-		s.allocs = append(s.allocs, allocCall{Container: cont, Resource: s.res, Devices: sortedCopy(c.DevicesIDs)})
+		s.allocs = append(s.allocs, allocCall{Container: cont, Resource: s.res, Devices: sortedCopy(c.DevicesIds)})
 		s.mu.Unlock()
 	}
 	return resp, nil
@@ -440,8 +440,7 @@ func runAdmissionCase(c admissionCase) (map[string]any, error) {
 	w := &world{machine: c.machine(), sources: &readySources{ready: true}, t0: time.Now(), plugins: map[string]*pluginProc{}}
 	// Probe the configuration first: a kubelet that cannot build its Topology Manager
 	// never starts (the model reports that error).
-	nodes, _ := w.machine.cadvisor()
-	if _, err := topologymanager.NewManager(nodes, c.Policy, c.scope(), c.Options); err != nil {
+	if _, err := newTopologyManager(w.machine, c.Policy, c.scope(), c.Options); err != nil {
 		return map[string]any{"admit": false, "error": err.Error()}, nil
 	}
 	var names []string
@@ -513,18 +512,18 @@ func runAdmissionCase(c admissionCase) (map[string]any, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := k.start(w); err != nil {
+		if err := k.run(w); err != nil {
 			return nil, err
 		}
 		w.kubelet = k
 		stubs, err := startAll(true, fillRules)
 		if err != nil {
-			k.dm.Stop()
+			k.dm.stop()
 			return nil, err
 		}
 		r, err := w.admit(filler)
 		closeAll(stubs)
-		k.dm.Stop()
+		k.dm.stop()
 		w.kubelet = nil
 		if err != nil {
 			return nil, err
@@ -558,11 +557,11 @@ func runAdmissionCase(c admissionCase) (map[string]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := k.start(w); err != nil {
+	if err := k.run(w); err != nil {
 		return nil, err
 	}
 	w.kubelet = k
-	defer func() { k.dm.Stop(); w.kubelet = nil }()
+	defer func() { k.dm.stop(); w.kubelet = nil }()
 	stubs, err := startAll(false, rules)
 	if err != nil {
 		return nil, err
@@ -589,7 +588,7 @@ func runAdmissionCase(c admissionCase) (map[string]any, error) {
 	affinities := map[string]any{}
 	var allocations []allocCall
 	for _, cr := range r.Containers {
-		h := k.tm.GetAffinity(r.UID, cr.Name)
+		h := k.tm.affinity(r.UID, cr.Name)
 		affinities[cr.Name] = hintOut(h)
 		for _, res := range names {
 			if devs, ok := cr.Devices[res]; ok && len(devs) > 0 {
