@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .pairing import NO_PARTNERS, Partners
 from .topology import DeviceGraph
 
 
@@ -22,15 +23,23 @@ class AllocationError(ValueError):
 
 @dataclass(frozen=True)
 class AllocationRequest:
-    """What the kubelet asks: pick `size` of `available`, keeping all of `must_include`."""
+    """What the kubelet asks: pick `size` of `available`, keeping all of `must_include`.
+
+    `partners`: devices of other resources the same container already got
+    (`pairing.PairingIndex.partners`); they change the objective of the
+    policies that pair (spec, "pairing GPUs with NICs") and are never validated
+    against this resource: pairing is only a preference.
+    """
 
     available: tuple[str, ...]
     must_include: tuple[str, ...]
     size: int
+    partners: Partners = NO_PARTNERS
 
     @classmethod
-    def of(cls, available: Sequence[str], must_include: Sequence[str], size: int) -> AllocationRequest:
-        return cls(tuple(available), tuple(must_include), int(size))
+    def of(cls, available: Sequence[str], must_include: Sequence[str], size: int,
+           partners: Partners | None = None) -> AllocationRequest:
+        return cls(tuple(available), tuple(must_include), int(size), partners or NO_PARTNERS)
 
     def validate(self, graph: DeviceGraph) -> None:
         """Raise AllocationError for every kind of bad request the spec lists."""
@@ -76,6 +85,10 @@ class Allocation:
     #: Search nodes visited (for benchmarks and logs).
     explored: int = 0
     policy: str = ""
+    #: X(S, P): weight of the best one-to-one GPU–NIC matching with the request's partners (0 without).
+    pairing: int = 0
+    #: That matching: (chosen ID, partner label, pairing weight), in the order of `ids`.
+    pairs: tuple[tuple[str, str, int], ...] = ()
 
 
 class Policy(Protocol):

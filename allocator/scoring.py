@@ -67,15 +67,17 @@ def port_count_idx(graph: DeviceGraph, indices: Iterable[int]) -> int:
     return len({port_key(graph, i) for i in indices})
 
 
-def min_span_idx(graph: DeviceGraph, available: Sequence[int], must: Sequence[int], size: int) -> int:
+def min_span_idx(graph: DeviceGraph, available: Sequence[int], must: Sequence[int], size: int,
+                 forced_nodes: Iterable[int] = ()) -> int:
     """The smallest span any valid answer can have (criterion 1).
 
-    The NUMA nodes of `must` are unavoidable; devices of unknown NUMA are free
+    The NUMA nodes of `must` (and `forced_nodes`: a request's partners, whose
+    nodes count in span(S u P)) are unavoidable; devices of unknown NUMA are free
     of span; then whole NUMA nodes are added, fullest first, until `size`
     devices fit. Fullest-first is optimal because only the count matters.
     """
     numa = graph.numa
-    forced = {numa[i] for i in must if numa[i] is not None}
+    forced = {numa[i] for i in must if numa[i] is not None} | set(forced_nodes)
     must_set = set(must)
     per_node: dict[int, int] = {}
     fits = len(must)

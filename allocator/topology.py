@@ -26,6 +26,8 @@ class DeviceKind(str, enum.Enum):
 
     GPU = "gpu"
     NIC = "nic"
+    #: A MIG device: a partition of a GPU (its `Device.parent`), served as its own resource.
+    MIG = "mig"
 
 
 class LinkLevel(enum.IntEnum):
@@ -118,6 +120,9 @@ class Device:
     port: str | None = None
     #: Source-specific facts kept for display and Allocate (netdev, driver, iommu group, ...).
     attributes: Mapping[str, str] = field(default_factory=dict)
+    #: The `name` of the physical GPU a MIG device lives on (None for a whole device). The
+    #: device inherits that GPU's NUMA node; its health follows the parent's.
+    parent: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -249,6 +254,12 @@ class DeviceGraph:
     weights: tuple[tuple[int, ...], ...]
     #: Physical port/function of each device (NICs); None for GPUs.
     ports: tuple[str | None, ...] = ()
+    #: Devices that live on a physical GPU (time-slicing replicas, MIG devices):
+    #: `parents[i]` is a position in `parent_ids`, the GPU device i belongs to.
+    #: Empty for whole devices (each device is then its own parent). Built by
+    #: `allocator.subdevices`; the replica and MIG policies read it.
+    parents: tuple[int, ...] = ()
+    parent_ids: tuple[str, ...] = ()
 
     @classmethod
     def from_topology(

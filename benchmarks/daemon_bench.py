@@ -29,7 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from plugin.api import api_pb2, api_pb2_grpc  # noqa: E402
-from plugin.kubelet_standin import KubeletStandin  # noqa: E402
+from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from allocator import NodeTopology, Policy
 
+from .errors import InputError
 from .filewatch import watch_file
 from .metrics import HealthServer, Metrics
 from .registration import KUBELET_SOCKET, PluginDirWatcher, RegistrationError, register, socket_identity
@@ -178,8 +179,11 @@ class Daemon:
     async def _apply_topology(self, topology: NodeTopology) -> None:
         try:
             resources = build_resources(topology, self.resource_options)
-        except ValueError as e:
+        except InputError as e:
             log.warning("new topology ignored", extra={"reason": str(e)})
+            return
+        except Exception:  # a bug, not bad input: say so loudly, keep serving the last good topology
+            log.exception("new topology ignored: internal error (a bug)")
             return
         self.topology = topology
         self.metrics.topology_updates.inc()
@@ -203,9 +207,13 @@ class Daemon:
         """Apply a changed config file: pools and policies change live; streams of unchanged resources stay."""
         try:
             options = await asyncio.to_thread(self.reload_resources)
-        except ValueError as e:  # includes click.UsageError and ConfigError
+        except InputError as e:  # ConfigError, NicPoolError, OptionError: name the file, field and fix
             log.warning("config change ignored; keeping the running configuration",
                         extra={"config": self.options.config_path, "reason": str(e)})
+            return
+        except Exception:  # a bug (or RecursionError/MemoryError past the reader): loud, and keep running
+            log.exception("config change ignored: internal error (a bug); keeping the running configuration",
+                          extra={"config": self.options.config_path})
             return
         log.info("config changed", extra={"config": self.options.config_path})
         self.resource_options = options

@@ -4,17 +4,22 @@ Why watch the directory, not the file: editors write a temp file and rename it
 over, and Kubernetes ConfigMaps swap a `..data` symlink; an inotify watch on
 the file itself would be lost after the first such change. A slow re-check
 (every `recheck_s`) covers a lost event; a (inode, mtime, size) stamp of the
-file (symlinks followed) filters out events that changed nothing.
+file (symlinks followed) filters out events that changed nothing. The
+handler is expected to deal with bad content itself (log it, keep the last
+good state); an exception it lets through is logged and the watch goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Awaitable, Callable
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+
+log = logging.getLogger(__name__)
 
 Stamp = tuple[int, int, int] | None
 
@@ -64,7 +69,10 @@ async def watch_file(path: str, on_change: Callable[[], Awaitable[None]], deboun
             if now == last:
                 continue
             last = now
-            await on_change()
+            try:
+                await on_change()
+            except Exception:  # a bug in the handler must not end the watch: the next edit is handled too
+                log.exception("handling a change failed (a bug); still watching", extra={"file": path})
     finally:
         observer.stop()
         await asyncio.to_thread(observer.join, 5)

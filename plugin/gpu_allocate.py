@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from allocator.topology import Device
 
 from .allocate_response import ContainerAllocation, DeviceNode
+from .errors import OptionError
 
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 _CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
@@ -33,7 +34,7 @@ class GpuAllocateOptions:
     def __post_init__(self) -> None:
         bad = [s for s in self.device_list_strategy if s not in DEVICE_LIST_STRATEGIES]
         if bad or not self.device_list_strategy:
-            raise ValueError(
+            raise OptionError(
                 f"device list strategy {', '.join(bad) or '(empty)'} is not one of {', '.join(DEVICE_LIST_STRATEGIES)}"
             )
 

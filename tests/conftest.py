@@ -5,14 +5,16 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+from topo_testkit import SHARED_DIR
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
+SHARED = SHARED_DIR
 TOPOLOGIES = sorted((SHARED / "topologies").glob("*.txt"))
 
 
 @pytest.fixture(scope="session")
 def shared_topologies() -> list[pathlib.Path]:
     if not TOPOLOGIES:
-        pytest.fail(f"no topology fixtures found under {SHARED / 'topologies'}; the checkout needs ../shared beside it")
+        pytest.fail(f"no topology fixtures found under {SHARED / 'topologies'}; "
+                    "the checkout needs ../shared beside it (or TOPO_DP_SHARED_DIR)")
     return TOPOLOGIES

@@ -1,4 +1,8 @@
-"""The committed gRPC stubs match api.proto, and api.proto matches the kubelet's wire format."""
+"""The committed gRPC stubs match the .proto files, and those match the kubelet's wire format.
+
+Covered: the device plugin API (v1beta1), the plugin watcher's registration API
+(pluginregistration) and the kubelet's DRA plugin service (dra v1 and v1beta1, Kubernetes 1.37).
+"""
 
 from __future__ import annotations
 
@@ -18,8 +22,10 @@ def test_committed_stubs_are_up_to_date(tmp_path):
     spec = importlib.util.spec_from_file_location("gen_proto", ROOT / "scripts" / "gen_proto.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    for fresh in gen.generate(tmp_path):
-        committed = ROOT / "plugin" / "api" / fresh.name
+    fresh_files = gen.generate(tmp_path)
+    assert any(f.parent.name == "v1beta1" and f.parent.parent.name == "dra" for f in fresh_files)
+    for fresh in fresh_files:
+        committed = ROOT / "plugin" / "api" / fresh.relative_to(tmp_path)
         assert committed.read_text() == fresh.read_text(), (
             f"{committed} is stale: run `python scripts/gen_proto.py` and commit the result"
         )
@@ -54,15 +60,75 @@ KUBELET_API = {
 }
 
 
-def test_messages_match_the_kubelet_wire_format():
-    desc = api_pb2.DESCRIPTOR
-    assert desc.package == "v1beta1"
-    assert set(desc.message_types_by_name) == set(KUBELET_API)
-    for name, fields in KUBELET_API.items():
+def _wire(desc, expected: dict) -> None:
+    assert set(desc.message_types_by_name) == set(expected)
+    for name, fields in expected.items():
         msg = desc.message_types_by_name[name]
         got = {f.name: (f.number, f.is_repeated if hasattr(f, "is_repeated") else f.label == f.LABEL_REPEATED)
                for f in msg.fields}
         assert got == fields, name
+
+
+def test_messages_match_the_kubelet_wire_format():
+    assert api_pb2.DESCRIPTOR.package == "v1beta1"
+    _wire(api_pb2.DESCRIPTOR, KUBELET_API)
+
+
+# k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto (1.37): package `pluginregistration`.
+REGISTRATION_API = {
+    "PluginInfo": {"type": (1, False), "name": (2, False), "endpoint": (3, False), "supported_versions": (4, True)},
+    "RegistrationStatus": {"plugin_registered": (1, False), "error": (2, False)},
+    "RegistrationStatusResponse": {},
+    "InfoRequest": {},
+}
+
+# k8s.io/kubelet/pkg/apis/dra/v1beta1/api.proto (1.37); v1 adds Device.share_id = 5 (proto3 optional).
+DRA_V1BETA1_API = {
+    "NodePrepareResourcesRequest": {"claims": (1, True)},
+    "NodePrepareResourcesResponse": {"claims": (1, True)},
+    "NodePrepareResourceResponse": {"devices": (1, True), "error": (2, False)},
+    "Device": {"request_names": (1, True), "pool_name": (2, False), "device_name": (3, False),
+               "cdi_device_ids": (4, True)},
+    "NodeUnprepareResourcesRequest": {"claims": (1, True)},
+    "NodeUnprepareResourcesResponse": {"claims": (1, True)},
+    "NodeUnprepareResourceResponse": {"error": (1, False)},
+    "Claim": {"namespace": (1, False), "uid": (2, False), "name": (3, False)},
+}
+DRA_V1_API = {**DRA_V1BETA1_API, "Device": {**DRA_V1BETA1_API["Device"], "share_id": (5, False)}}
+
+
+def test_registration_api_matches_the_kubelet():
+    from plugin.api.pluginregistration.v1 import api_pb2 as reg
+
+    assert reg.DESCRIPTOR.package == "pluginregistration"
+    _wire(reg.DESCRIPTOR, REGISTRATION_API)
+    svc = reg.DESCRIPTOR.services_by_name["Registration"]
+    # The kubelet's method paths: /pluginregistration.Registration/GetInfo, .../NotifyRegistrationStatus.
+    assert svc.full_name == "pluginregistration.Registration"
+    assert [m.name for m in svc.methods] == ["GetInfo", "NotifyRegistrationStatus"]
+    assert svc.methods_by_name["GetInfo"].input_type.name == "InfoRequest"
+    assert svc.methods_by_name["GetInfo"].output_type.name == "PluginInfo"
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_dra_api_matches_the_kubelet(version):
+    import importlib
+
+    pb2 = importlib.import_module(f"plugin.api.dra.{version}.api_pb2")
+    assert pb2.DESCRIPTOR.package == f"k8s.io.kubelet.pkg.apis.dra.{version}"
+    _wire(pb2.DESCRIPTOR, DRA_V1_API if version == "v1" else DRA_V1BETA1_API)
+    # The maps are map<string, ...> keyed by claim UID.
+    for resp in ("NodePrepareResourcesResponse", "NodeUnprepareResourcesResponse"):
+        entry = pb2.DESCRIPTOR.message_types_by_name[resp].fields_by_name["claims"].message_type
+        assert entry.GetOptions().map_entry and entry.fields_by_name["key"].type == entry.fields_by_name["key"].TYPE_STRING
+    if version == "v1":
+        share = pb2.DESCRIPTOR.message_types_by_name["Device"].fields_by_name["share_id"]
+        assert share.has_presence  # `optional`: unset and "" differ on the wire
+    svc = pb2.DESCRIPTOR.services_by_name["DRAPlugin"]
+    # Method paths the kubelet calls: /k8s.io.kubelet.pkg.apis.dra.<version>.DRAPlugin/NodePrepareResources.
+    assert svc.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin"
+    assert [m.name for m in svc.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+    assert all(not m.client_streaming and not m.server_streaming for m in svc.methods)
 
 
 def test_service_method_paths():

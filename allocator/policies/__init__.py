@@ -8,6 +8,12 @@
 | `link-first` | GPUs | W(S), span, W(A\\S), lowest positions |
 | `spread` | NICs (default) | span, most ports, W(S), W(A\\S), lowest positions |
 | `packed` | NICs | span, fewest ports, W(S), W(A\\S), lowest positions |
+| `replicas` | time-slicing replicas | span, most GPUs, least load, W(GPUs), lowest positions |
+| `mig` | MIG devices | span, fewest GPUs, fullest GPUs first, lowest positions |
+
+`replicas` and `mig` read the parents of a graph built by `allocator.subdevices`;
+they are chosen by the kind of resource, not configured, so `POLICY_NAMES` (the
+choices a config offers) leaves them out and `SHARED_POLICY_NAMES` lists them.
 
 Options: `time_budget_s` (float seconds or None, default 0.020) and
 `exact_limit` (int, default 16); see `SearchPolicy`.
@@ -20,17 +26,23 @@ from typing import Any
 from ..request import Policy
 from .base import DEFAULT_EXACT_LIMIT, DEFAULT_TIME_BUDGET_S, SearchPolicy
 from .gpu import LinkFirstPolicy, NumaFirstPolicy
+from .mig import MigPolicy
 from .nic import PackedPolicy, SpreadPolicy
+from .replicas import ReplicaPolicy
 
 _REGISTRY: dict[str, type[SearchPolicy]] = {
     "numa-first": NumaFirstPolicy,
     "link-first": LinkFirstPolicy,
     "spread": SpreadPolicy,
     "packed": PackedPolicy,
+    "replicas": ReplicaPolicy,
+    "mig": MigPolicy,
 }
 
 #: Every valid policy name, defaults first (GPU, then NIC).
 POLICY_NAMES: tuple[str, ...] = ("numa-first", "link-first", "spread", "packed")
+#: Policies of shared/partitioned GPU resources: time-slicing replicas and MIG devices.
+SHARED_POLICY_NAMES: tuple[str, ...] = ("replicas", "mig")
 DEFAULT_GPU_POLICY = "numa-first"
 DEFAULT_NIC_POLICY = "spread"
 _OPTIONS = ("time_budget_s", "exact_limit")
@@ -43,7 +55,7 @@ def get_policy(name: str, **options: Any) -> Policy:
     """
     cls = _REGISTRY.get(name)
     if cls is None:
-        raise ValueError(f"unknown allocation policy {name!r}: valid policies are {', '.join(POLICY_NAMES)}")
+        raise ValueError(f"unknown allocation policy {name!r}: valid policies are {', '.join(POLICY_NAMES + SHARED_POLICY_NAMES)}")
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise ValueError(
@@ -59,8 +71,11 @@ __all__ = [
     "DEFAULT_TIME_BUDGET_S",
     "POLICY_NAMES",
     "LinkFirstPolicy",
+    "MigPolicy",
     "NumaFirstPolicy",
     "PackedPolicy",
+    "ReplicaPolicy",
+    "SHARED_POLICY_NAMES",
     "SearchPolicy",
     "SpreadPolicy",
     "get_policy",

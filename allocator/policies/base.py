@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..request import Allocation, AllocationRequest
 from ..scoring import left_score_idx, score_idx, span_idx
 from ..topology import DeviceGraph
+from .paired import PairedObjective, PairedProblem, solve_paired
 from .problem import Objective, Problem
 from .search import solve
 
@@ -47,23 +48,36 @@ class SearchPolicy:
     def objective(self, problem: Problem) -> Objective:
         raise NotImplementedError
 
+    def paired_objective(self, problem: PairedProblem) -> PairedObjective | None:
+        """The objective with partners (see `paired`); None: this policy ignores partners."""
+        return None
+
     def allocate(self, graph: DeviceGraph, request: AllocationRequest) -> Allocation:
         started = time.perf_counter()
         request.validate(graph)
         p = Problem.build(graph, request)
+        pp = PairedProblem.build(p, request.partners) if request.partners else None
+        paired = self.paired_objective(pp) if pp is not None else None
+        if paired is None:
+            pp = None
         if p.size == len(p.available):
-            return self._result(p, p.available, True, 0)
+            return self._result(p, p.available, True, 0, pp)
         if p.size == len(p.must):
-            return self._result(p, p.must, True, 0)
+            return self._result(p, p.must, True, 0, pp)
         deadline = None
         if self.time_budget_s is not None and len(p.available) > self.exact_limit:
             deadline = started + self.time_budget_s
-        found = solve(p, self.objective(p), deadline)
-        return self._result(p, found.members, found.optimal, found.explored)
+        if pp is not None and paired is not None:
+            found = solve_paired(pp, paired, deadline)
+        else:
+            found = solve(p, self.objective(p), deadline)
+        return self._result(p, found.members, found.optimal, found.explored, pp)
 
-    def _result(self, p: Problem, members: tuple[int, ...], optimal: bool, explored: int) -> Allocation:
+    def _result(self, p: Problem, members: tuple[int, ...], optimal: bool, explored: int,
+                pp: PairedProblem | None = None) -> Allocation:
         chosen = sorted(members)
         g = p.graph
+        pairs = pp.pairs(chosen) if pp is not None else ()
         return Allocation(
             ids=tuple(g.ids[i] for i in chosen),
             span=span_idx(g, chosen),
@@ -72,4 +86,6 @@ class SearchPolicy:
             optimal=optimal,
             explored=explored,
             policy=self.name,
+            pairing=sum(w for _, _, w in pairs),
+            pairs=pairs,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import SearchPolicy
+from .paired import PairedObjective, PairedProblem, gpu_link_first_objective, gpu_numa_first_objective
 from .problem import Objective, Problem, link_first_objective, numa_first_objective
 
 
@@ -27,6 +28,9 @@ class NumaFirstPolicy(SearchPolicy):
     def objective(self, problem: Problem) -> Objective:
         return numa_first_objective(problem)
 
+    def paired_objective(self, problem: PairedProblem) -> PairedObjective:
+        return gpu_numa_first_objective(problem)
+
 
 @dataclass(frozen=True)
 class LinkFirstPolicy(SearchPolicy):
@@ -40,3 +44,6 @@ class LinkFirstPolicy(SearchPolicy):
 
     def objective(self, problem: Problem) -> Objective:
         return link_first_objective(problem)
+
+    def paired_objective(self, problem: PairedProblem) -> PairedObjective:
+        return gpu_link_first_objective(problem)

@@ -9,7 +9,7 @@ limit of the objective, so whatever they return is a valid answer.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .problem import Objective, Problem
 
@@ -17,7 +17,7 @@ from .problem import Objective, Problem
 class SetState:
     """A chosen set with the sums its key needs, updated in O(|A|) per change."""
 
-    def __init__(self, p: Problem, obj: Objective, members: Iterable[int] = ()):
+    def __init__(self, p: Problem, obj: Objective, members: Iterable[int] = (), numa_seed: Iterable[int] = ()):
         self.p = p
         self.obj = obj
         self.w = p.graph.weights
@@ -26,7 +26,10 @@ class SetState:
         self.members: set[int] = set()
         self.weight = 0
         self.lin = 0
+        #: Devices per NUMA node; `numa_seed` nodes (partners' nodes) count once more, so they are always "used".
         self.numa_count: dict[int, int] = {}
+        for n in numa_seed:
+            self.numa_count[n] = self.numa_count.get(n, 0) + 1
         self.port_count: dict[int, int] = {}
         for m in members:
             self.add(m)
@@ -132,13 +135,17 @@ def _new_node_feasible(p: Problem, st: SetState, node: int, need: int, max_span:
     return fits >= need
 
 
-def greedy(p: Problem, obj: Objective) -> SetState:
+def greedy(p: Problem, obj: Objective, numa_seed: Iterable[int] = (),
+           extra: Callable[[int], int] | None = None, on_add: Callable[[int], None] | None = None) -> SetState:
     """Add the device with the best key gain until `size` devices are chosen (ties: lowest position).
 
     Opening a new NUMA node is allowed only while a valid completion still
-    exists, so the result always respects `obj.max_span`.
+    exists, so the result always respects `obj.max_span` (counting the
+    `numa_seed` nodes as used, see `SetState`). `extra(x)` is added to each
+    candidate's gain and `on_add(x)` told of each pick, for a key term that
+    `SetState` does not track (the pairing weight, see `paired`).
     """
-    st = SetState(p, obj, p.must)
+    st = SetState(p, obj, p.must, numa_seed)
     need = p.picks
     ms = obj.max_span
     while need > 0:
@@ -157,10 +164,14 @@ def greedy(p: Problem, obj: Objective) -> SetState:
                     if not ok:
                         continue
             d = st.add_delta(x)
+            if extra is not None:
+                d += extra(x)
             if best is None or d > best_d:
                 best, best_d = x, d
         assert best is not None, "greedy found no feasible device; min_span is wrong"
         st.add(best)
+        if on_add is not None:
+            on_add(best)
         need -= 1
     return st
 

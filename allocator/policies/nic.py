@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import SearchPolicy
+from .paired import PairedObjective, PairedProblem, nic_paired_objective
 from .problem import Objective, Problem, nic_objective
 
 
@@ -27,6 +28,9 @@ class SpreadPolicy(SearchPolicy):
     def objective(self, problem: Problem) -> Objective:
         return nic_objective(problem, spread=True)
 
+    def paired_objective(self, problem: PairedProblem) -> PairedObjective:
+        return nic_paired_objective(problem, spread=True)
+
 
 @dataclass(frozen=True)
 class PackedPolicy(SearchPolicy):
@@ -36,3 +40,6 @@ class PackedPolicy(SearchPolicy):
 
     def objective(self, problem: Problem) -> Objective:
         return nic_objective(problem, spread=False)
+
+    def paired_objective(self, problem: PairedProblem) -> PairedObjective:
+        return nic_paired_objective(problem, spread=False)

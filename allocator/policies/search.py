@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from .decompose import Space, subspaces
 from .heuristics import SetState, greedy, local_search
 from .problem import Objective, Problem
-from .twins import twin_classes
+from .twins import TwinClass, twin_classes
 
 
 class _OutOfTime(Exception):
@@ -146,7 +146,7 @@ class _BranchAndBound:
         r_total = space.picks
 
         # Root value of each class, used to order the classes best first.
-        classes = twin_classes(p, pool)
+        classes = self._classes(pool)
         root_top: dict[int, list[int]] = {}
         value: dict[int, int] = {}
         for c in classes:
@@ -199,6 +199,10 @@ class _BranchAndBound:
                 self.numa_count[n] = self.numa_count.get(n, 0) + 1
             self.port_count[p.port[m]] = self.port_count.get(p.port[m], 0) + 1
         self._remaining_cache: dict[int, list[int]] = {}
+
+    def _classes(self, pool: tuple[int, ...]) -> list[TwinClass]:
+        """The twin classes the search branches on (a subclass may split them further)."""
+        return twin_classes(self.p, pool)
 
     # -- the tie rule -------------------------------------------------------
     def _remaining_sorted(self, c: int) -> list[int]:
@@ -392,12 +396,16 @@ class _BranchAndBound:
                        + o.port_coef * len(self.port_count) + o.offset)
         if o.port_coef:
             bound2 += 2 * o.port_coef * self._port_bound(c, r, closed)
-        ub = bound2 // 2
+        ub = self._refine_bound(bound2 // 2, c, r, closed)
         if ub < self.best_key:
             return False
         if ub == self.best_key:
             return self._could_win_tie(c, r)
         return True
+
+    def _refine_bound(self, ub: int, c: int, r: int, closed: bool) -> int:
+        """The bound of picking r more devices from classes c.. (a subclass may add a term of its key)."""
+        return ub
 
     def _port_bound(self, c: int, r: int, closed: bool) -> int:
         """Spread: the most new ports r picks can add. Packed: the fewest they must add."""

@@ -3,9 +3,10 @@ hint generation and device choice. Pure: no I/O, no gRPC, no global state.
 
 Entry points:
 - `explain(...)` - a whole pod admission as a report (`ExplainResult`);
-- `TopologyManager.new(...)` - the kubelet's NewManager, with its errors;
-- `evaluate_merge_case` / `evaluate_admission_case` - JSON in/out for
-  differential tests against the real kubelet.
+- `TopologyManager.new(...)` - the kubelet's NewManager, with its errors.
+
+The JSON in/out case evaluators of the differential test against the real
+kubelet live with the tests (`tests/support/topo_testkit/tm_cases.py`).
 """
 
 from .bitmask import BitMask, BitMaskError, iterate_bitmasks
@@ -28,7 +29,6 @@ from .devices_to_allocate import (
     natural_sorted,
 )
 from .explain import AllocationReport, ExplainResult, MergeReport, explain, machine_numa
-from .harness import evaluate_admission_case, evaluate_merge_case
 from .hint import (
     TOPOLOGY_AFFINITY_ERROR,
     TOPOLOGY_AFFINITY_MESSAGE,
@@ -103,8 +103,6 @@ __all__ = [
     "TopologyManagerError",
     "device_has_topology_alignment",
     "devices_to_allocate",
-    "evaluate_admission_case",
-    "evaluate_merge_case",
     "explain",
     "filter_by_affinity",
     "filter_providers_hints",

@@ -22,7 +22,8 @@ from allocator.scoring import evaluate, rank
 from allocator.topology import DeviceGraph, NodeTopology
 
 from ..resources import Resource, build_resources
-from .options import Settings, common_options, load_now, make_source, pass_settings, resource_options
+from .options import Settings, make_source, resource_options, with_settings
+from .routing import Command
 
 #: Above this many candidates `allocate` does not enumerate a runner-up.
 RUNNER_UP_LIMIT = 16
@@ -40,11 +41,8 @@ def parse_ids(values: Iterable[str] | str | None) -> list[str]:
 
 def load_resources(settings: Settings) -> tuple[NodeTopology, list[Resource]]:
     """Discover the node (simulated or real) and build the resources the daemon would serve."""
-    topology = load_now(make_source(settings))
-    try:
-        resources = build_resources(topology, resource_options(settings))
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    topology = make_source(settings).load()
+    resources = build_resources(topology, resource_options(settings))
     if not resources:
         raise click.UsageError(f"{topology.source}: the node has no GPU or NIC to serve")
     return topology, resources
@@ -61,15 +59,21 @@ def find_resource(resources: Sequence[Resource], name: str | None, default: str 
     raise click.UsageError(f"unknown resource {name!r}: this node serves {', '.join(names)}")
 
 
+def id_hint(bad: Sequence[str], known: Sequence[str], limit: int = 8) -> str:
+    """How to name devices on this node: index IDs need `--device-id-strategy index`; else a few valid IDs."""
+    if any(i.isdigit() for i in bad) and not any(k.isdigit() for k in known):
+        return "GPU IDs are UUIDs by default; pass --device-id-strategy index to use 0, 1, 2, ..."
+    shown = ", ".join(known[:limit]) + (f", ... ({len(known)} in all)" if len(known) > limit else "")
+    return f"valid IDs: {shown}"
+
+
 def check_ids(resource: Resource, ids: Iterable[str], what: str) -> list[str]:
-    known = {d.id for d in resource.devices}
+    known = [d.id for d in resource.devices]
     ids = list(ids)
     bad = [i for i in ids if i not in known]
     if bad:
-        raise click.UsageError(
-            f"{what}: unknown device IDs for {resource.name}: {', '.join(bad)} "
-            f"(known: {', '.join(d.id for d in resource.devices)})"
-        )
+        raise click.UsageError(f"{what}: unknown device IDs for {resource.name}: {', '.join(bad)} "
+                               f"({id_hint(bad, known)})")
     return ids
 
 
@@ -143,8 +147,8 @@ def runner_up(graph: DeviceGraph, policy: str, available: Sequence[str], must_in
     }
 
 
-@click.command()
-@common_options
+@click.command(cls=Command)
+@with_settings("allocate")
 @click.option("--size", type=click.IntRange(min=1), required=True, help="allocation_size: how many devices.")
 @click.option("--available", "available_opt", multiple=True, metavar="IDS",
               help="available_deviceIDs, comma-separated (default: every healthy device of the resource).")
@@ -153,7 +157,6 @@ def runner_up(graph: DeviceGraph, policy: str, available: Sequence[str], must_in
 @click.option("--resource", "resource_name", default=None, metavar="NAME",
               help="Which resource (default: the GPU resource, else the first one served).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@pass_settings
 def allocate(settings: Settings, size: int, available_opt: tuple[str, ...], must_opt: tuple[str, ...],
              resource_name: str | None, fmt: str) -> None:
     """The set GetPreferredAllocation would return, with its NUMA span and scores, and why."""

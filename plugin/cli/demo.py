@@ -15,9 +15,11 @@ import time
 import click
 
 from ..daemon import Daemon, DaemonOptions
-from ..kubelet_standin import KubeletStandin
+from ..demo.kubelet_standin import KubeletStandin
 from ..logging_setup import setup_logging
-from .options import Settings, common_options, make_source, pass_settings, resource_options
+from ..render import plural
+from .options import Settings, make_source, resource_options, with_settings
+from .routing import Command
 
 
 async def _demo(settings: Settings, hold: float, out) -> int:
@@ -42,7 +44,7 @@ async def _demo(settings: Settings, hold: float, out) -> int:
                 + ", ".join(f"{r.resource} (endpoint {r.endpoint})" for r in kubelet.registrations))
             for name in names:
                 devs = kubelet.devices(name)
-                out(f"\n{name}: {len(devs)} devices from ListAndWatch")
+                out(f"\n{name}: {plural(len(devs), 'device')} from ListAndWatch")
                 for d in devs.values():
                     numa = ",".join(map(str, d.numa)) or "none"
                     out(f"  {d.id:<42} {d.health:<9} NUMA {numa}")
@@ -66,23 +68,22 @@ async def _demo(settings: Settings, hold: float, out) -> int:
                     pass
         finally:
             stop.set()
-            code = await task
-            await kubelet.stop()
+            try:
+                code = await task  # re-raises what stopped the daemon (a bad --simulate file: exit 2)
+            finally:
+                await kubelet.stop()
         out(f"\ndaemon stopped (exit {code}); sockets removed")
         return code
 
 
-@click.command()
-@common_options
+@click.command(cls=Command)
+@with_settings("demo")
 @click.option("--hold", type=float, default=0.0, show_default=True,
               help="Keep serving this many seconds after the transcript.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="warning",
-              show_default=True)
-@pass_settings
-def demo(settings: Settings, hold: float, log_level: str) -> None:
+def demo(settings: Settings, hold: float) -> None:
     """Serve a simulated node to a kubelet stand-in in a temp dir and show what the kubelet sees."""
     if not settings["simulate"]:
         settings.values["simulate"] = "dgx-a100"
-    setup_logging(log_level, "text")
+    setup_logging(settings["log_level"], "text")
     code = asyncio.run(_demo(settings, hold, click.echo))
     click.get_current_context().exit(code)

@@ -10,15 +10,15 @@ import yaml
 from ..render import render_dot, render_table, to_data
 from ..resources import build_resources
 from ..sources import builtin_names
-from .options import Settings, common_options, load_now, make_source, pass_settings, resource_options
+from .options import Settings, make_source, resource_options, with_settings
+from .routing import Command
 
 
-@click.command()
-@common_options
+@click.command(cls=Command)
+@with_settings("discover")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "yaml", "dot"]), default="table",
               show_default=True)
 @click.option("--list-builtins", is_flag=True, help="List the built-in simulated nodes and exit.")
-@pass_settings
 def discover(settings: Settings, fmt: str, list_builtins: bool) -> None:
     """Print devices, IDs, NUMA nodes, health, pools and the link matrix."""
     if list_builtins:
@@ -26,7 +26,7 @@ def discover(settings: Settings, fmt: str, list_builtins: bool) -> None:
             click.echo(name)
         return
     source = make_source(settings)
-    topology = load_now(source)
+    topology = source.load()
     resources = build_resources(topology, resource_options(settings))
     if fmt == "json":
         click.echo(json.dumps(to_data(topology, resources), indent=2))

@@ -38,8 +38,9 @@ from allocator.topologymanager import (
 from allocator.topologymanager import explain as run_explain
 
 from ..resources import Resource
-from .allocate import check_ids, load_resources, parse_ids, preferred_callable
-from .options import Settings, common_options, option, pass_settings
+from .allocate import check_ids, id_hint, load_resources, parse_ids, preferred_callable
+from .options import Settings, option, with_settings
+from .routing import Command
 
 
 def _parse_requests(values: Sequence[str], resources: Sequence[Resource], flag: str) -> dict[str, int]:
@@ -92,7 +93,8 @@ def _parse_allocated(values: Sequence[str], resources: Sequence[Resource]) -> di
         for i in parse_ids(value):
             names = owner.get(i, [])
             if not names:
-                raise click.UsageError(f"--allocated: no device has ID {i!r} on this node")
+                raise click.UsageError(f"--allocated: no device has ID {i!r} on this node "
+                                       f"({id_hint([i], [d.id for r in resources for d in r.devices])})")
             if len(names) > 1:
                 raise click.UsageError(f"--allocated: ID {i!r} exists in {', '.join(names)}; "
                                        f"write RESOURCE=IDS, e.g. {names[0]}={i}")
@@ -134,14 +136,35 @@ def report_data(result: ExplainResult, resources: Sequence[Resource], source: st
 
 
 def render_explain(data: dict[str, Any]) -> str:
-    lines: list[str] = []
+    """The report as text: the kubelet's settings and the pod, each merge, the allocations, the result."""
+    lines = _header_lines(data)
+    allocs: dict[str, list[dict[str, Any]]] = {}
+    for a in data["allocations"]:
+        allocs.setdefault(a["container"], []).append(a)
+    for m in data["merges"]:
+        lines += _merge_lines(data, m, allocs)
+    if not data["merges"]:
+        lines += ["", "Policy none: no hints are merged; every container is allocated with no NUMA affinity."]
+        for c in data["pod"]["init_containers"] + data["pod"]["containers"]:
+            lines.append(f"  container {c['name']!r}:")
+            lines += _allocation_lines(allocs.get(c["name"], []))
+    lines.append("")
+    if data["admit"]:
+        lines.append("Result: ADMITTED")
+    else:
+        where = f" (container {data['failed_container']!r})" if data.get("failed_container") else ""
+        lines.append(f"Result: REJECTED{where}: {data['reason']}: {data['message']}")
+    return "\n".join(lines)
+
+
+def _header_lines(data: dict[str, Any]) -> list[str]:
     opts = data["policy_options"]
-    lines.append(f"Node: {data['node']}   NUMA nodes: {', '.join(map(str, data['numa_nodes']))}")
-    lines.append(
+    lines = [
+        f"Node: {data['node']}   NUMA nodes: {', '.join(map(str, data['numa_nodes']))}",
         f"Kubelet: topologyManagerPolicy={data['policy']}"
         + (f" topologyManagerScope={data['scope']}" if data["policy"] != "none" else "")
-        + ("   options: " + ", ".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
-    )
+        + ("   options: " + ", ".join(f"{k}={v}" for k, v in opts.items()) if opts else ""),
+    ]
     for init in data["pod"]["init_containers"]:
         lines.append(f"Init container {init['name']!r} requests "
                      + ", ".join(f"{k}={v}" for k, v in init["limits"].items()))
@@ -150,90 +173,77 @@ def render_explain(data: dict[str, Any]) -> str:
     if data.get("in_use"):
         lines.append("In use by other pods: "
                      + "; ".join(f"{r}: {', '.join(ids)}" for r, ids in data["in_use"].items()))
-    for w in data.get("warnings", []):
-        lines.append(f"Note: {w}")
+    lines += [f"Note: {w}" for w in data.get("warnings", [])]
+    return lines
 
-    allocs_by_container: dict[str, list[dict[str, Any]]] = {}
-    for a in data["allocations"]:
-        allocs_by_container.setdefault(a["container"], []).append(a)
 
-    def allocation_lines(container: str) -> None:
-        for a in allocs_by_container.get(container, []):
-            lines.append(f"    {a['resource']} x{a['required']}: " + _case_text(a))
-            for step in a["steps"]:
-                lines.append(f"      - {step}")
-            call = a["preferred_call"]
-            if call is not None:
-                lines.append(
-                    f"      - GetPreferredAllocation(available=[{', '.join(call['available'])}], "
-                    f"must_include=[{', '.join(call['must_include'])}], size={call['size']}) "
-                    f"-> [{', '.join(call['answer'])}]; kept [{', '.join(call['accepted'])}]"
-                )
-            elif a["preferred_skipped"]:
-                lines.append(f"      - GetPreferredAllocation not called: {a['preferred_skipped']}")
-            if a["devices"]:
-                span = a["numa_span"]
-                lines.append(
-                    f"      => devices {', '.join(a['devices'])}   NUMA span {len(span)}"
-                    + (f" (node{'s' if len(span) != 1 else ''} {', '.join(map(str, span))})" if span else "")
-                    + f"   W(S)={a['score']}"
-                )
-            if a["arbitrary"]:
-                lines.append("      (the kubelet fills part of this set in random order; another run may "
-                             "pick other devices from the same bucket)")
+def _merge_lines(data: dict[str, Any], m: dict[str, Any], allocs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One Topology Manager merge: each provider's hints, the merged hint, the decision, the allocations."""
+    who = ", ".join(m["containers"])
+    title = f"Container {who}" if len(m["containers"]) == 1 and data["scope"] == "container" else f"Pod ({who})"
+    lines = ["", f"{title}: Topology Manager merge", "  device manager hints:"]
+    if not m["resources"]:
+        lines.append("    (no device-plugin resource requested: no preference)")
+    for r in m["resources"]:
+        lines += _resource_hint_lines(r)
+    lines.append(f"  merged affinity: {_hint_dict_text(m['best_hint'])}")
+    lines.append(f"  policy decision: {'admit' if m['admit'] else 'reject'}")
+    if not m["admit"]:
+        lines.append(f"  why: {data['policy']} admits only a preferred merged hint"
+                     + (" on a single NUMA node" if data["policy"] == "single-numa-node" else ""))
+        return lines
+    lines.append("  allocation (devicesToAllocate):")
+    for c in m["containers"]:
+        if len(m["containers"]) > 1:
+            lines.append(f"   container {c!r}:")
+        lines += _allocation_lines(allocs.get(c, []))
+    return lines
 
-    merged_containers: set[str] = set()
-    for m in data["merges"]:
-        who = ", ".join(m["containers"])
-        title = f"Container {who}" if len(m["containers"]) == 1 and data["scope"] == "container" else f"Pod ({who})"
-        lines.append("")
-        lines.append(f"{title}: Topology Manager merge")
-        lines.append("  device manager hints:")
-        if not m["resources"]:
-            lines.append("    (no device-plugin resource requested: no preference)")
-        for r in m["resources"]:
-            extra = []
-            if r["min_affinity_size"] is not None:
-                extra.append(f"narrowest fit for {r['request']} counting installed devices: "
-                             f"{r['min_affinity_size']} NUMA node{'s' if r['min_affinity_size'] != 1 else ''}")
-            if r["available"]:
-                extra.append(f"free: {', '.join(r['available'])}")
-            if r["reusable"]:
-                extra.append(f"reusable: {', '.join(r['reusable'])}")
-            lines.append(f"    {r['resource']} (request {r['request']}): {r['note']}"
-                         + (f"; {'; '.join(extra)}" if extra else ""))
-            if r["hints"] is None:
-                lines.append("      no preference (nil)")
-            elif not r["hints"]:
-                lines.append("      no possible affinity ([])")
-            for h in r["hints"] or []:
-                lines.append(f"      {_hint_dict_text(h)}")
-        lines.append(f"  merged affinity: {_hint_dict_text(m['best_hint'])}")
-        lines.append(f"  policy decision: {'admit' if m['admit'] else 'reject'}")
-        if not m["admit"]:
-            lines.append(f"  why: {data['policy']} admits only a preferred merged hint"
-                         + (" on a single NUMA node" if data["policy"] == "single-numa-node" else ""))
-        if m["admit"]:
-            lines.append("  allocation (devicesToAllocate):")
-            for c in m["containers"]:
-                merged_containers.add(c)
-                if len(m["containers"]) > 1:
-                    lines.append(f"   container {c!r}:")
-                allocation_lines(c)
-    if not data["merges"]:
-        lines.append("")
-        lines.append("Policy none: no hints are merged; every container is allocated with no NUMA affinity.")
-        for c in data["pod"]["init_containers"] + data["pod"]["containers"]:
-            lines.append(f"  container {c['name']!r}:")
-            allocation_lines(c["name"])
 
-    lines.append("")
-    if data["admit"]:
-        lines.append("Result: ADMITTED")
-    else:
-        where = f" (container {data['failed_container']!r})" if data.get("failed_container") else ""
-        lines.append(f"Result: REJECTED{where}: {data['reason']}: {data['message']}")
-    return "\n".join(lines)
+def _resource_hint_lines(r: dict[str, Any]) -> list[str]:
+    extra = []
+    if r["min_affinity_size"] is not None:
+        extra.append(f"narrowest fit for {r['request']} counting installed devices: "
+                     f"{r['min_affinity_size']} NUMA node{'s' if r['min_affinity_size'] != 1 else ''}")
+    if r["available"]:
+        extra.append(f"free: {', '.join(r['available'])}")
+    if r["reusable"]:
+        extra.append(f"reusable: {', '.join(r['reusable'])}")
+    lines = [f"    {r['resource']} (request {r['request']}): {r['note']}" + (f"; {'; '.join(extra)}" if extra else "")]
+    if r["hints"] is None:
+        lines.append("      no preference (nil)")
+    elif not r["hints"]:
+        lines.append("      no possible affinity ([])")
+    lines += [f"      {_hint_dict_text(h)}" for h in r["hints"] or []]
+    return lines
+
+
+def _allocation_lines(allocs: list[dict[str, Any]]) -> list[str]:
+    """What devicesToAllocate did for one container's resources."""
+    lines = []
+    for a in allocs:
+        lines.append(f"    {a['resource']} x{a['required']}: " + _case_text(a))
+        lines += [f"      - {step}" for step in a["steps"]]
+        call = a["preferred_call"]
+        if call is not None:
+            lines.append(
+                f"      - GetPreferredAllocation(available=[{', '.join(call['available'])}], "
+                f"must_include=[{', '.join(call['must_include'])}], size={call['size']}) "
+                f"-> [{', '.join(call['answer'])}]; kept [{', '.join(call['accepted'])}]"
+            )
+        elif a["preferred_skipped"]:
+            lines.append(f"      - GetPreferredAllocation not called: {a['preferred_skipped']}")
+        if a["devices"]:
+            span = a["numa_span"]
+            lines.append(
+                f"      => devices {', '.join(a['devices'])}   NUMA span {len(span)}"
+                + (f" (node{'s' if len(span) != 1 else ''} {', '.join(map(str, span))})" if span else "")
+                + f"   W(S)={a['score']}"
+            )
+        if a["arbitrary"]:
+            lines.append("      (the kubelet fills part of this set in random order; another run may "
+                         "pick other devices from the same bucket)")
+    return lines
 
 
 def _case_text(a: dict[str, Any]) -> str:
@@ -246,8 +256,8 @@ def _case_text(a: dict[str, Any]) -> str:
     }.get(a["case"], a["case"] or "-")
 
 
-@click.command()
-@common_options
+@click.command(cls=Command)
+@with_settings("explain")
 @option("--policy", "tm_policy", type=click.Choice(POLICIES), required=True,
         help="The kubelet's --topology-manager-policy.")
 @option("--scope", "tm_scope", type=click.Choice(SCOPES), default="container",
@@ -262,7 +272,6 @@ def _case_text(a: dict[str, Any]) -> str:
               help="A --topology-manager-policy-options entry, e.g. prefer-closest-numa-nodes=true.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--fail-on-reject", is_flag=True, help="Exit 1 when the pod would be rejected.")
-@pass_settings
 def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[str, ...],
             init_requests: tuple[str, ...], allocated: tuple[str, ...], policy_options: tuple[str, ...],
             fmt: str, fail_on_reject: bool) -> None:

@@ -3,24 +3,27 @@
 Why validate up front with a schema: a typo in a ConfigMap must stop the
 pod with a message naming the file, the field and the fix, not surface later
 as a resource that silently never appears. Precedence of option values:
-flag > TOPO_DP_<OPTION> environment > this file's `flags:` > default.
+flag > TOPO_DP_<OPTION> environment > this file's `flags:` > default. The
+schema of `flags:` comes from the option declarations (`flags.py`), the rest
+from `config-v1.json`. Reading is bounded (`plugin.yaml_input`): 1 MiB, no
+aliases, limited nesting.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-import jsonschema
-import yaml
+from .. import yaml_input
+from ..errors import InputError
+from .flags import flags_schema
 
-from ..yamlpath import field_path, line_of
 
-
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """An unusable config file; the message names file, field and fix."""
 
 
@@ -33,28 +36,36 @@ class Config:
 
 
 @lru_cache(maxsize=1)
+def _schema() -> dict[str, Any]:
+    data = json.loads(resources.files("plugin.config").joinpath("config-v1.json").read_text())
+    data["properties"]["flags"] = flags_schema()
+    return data
+
+
 def schema() -> dict[str, Any]:
-    return json.loads(resources.files("plugin.config").joinpath("config-v1.json").read_text())
+    """The whole config file's JSON schema (a copy: callers may not change the cached one)."""
+    return copy.deepcopy(_schema())
+
+
+def _error(path: str, problem: yaml_input.YamlProblem) -> ConfigError:
+    where = f"{path}:{problem.line}" if problem.line else path
+    return ConfigError(f"{where}: {problem.message}" + (f" (fix: {problem.fix})" if problem.fix else ""))
 
 
 def parse_config(text: str, path: str) -> Config:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else path
-        raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)}); fix the YAML syntax") from None
-    if data is None:
-        data = {"version": "v1"}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping starting with `version: v1`")
-    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        hint = "remove or rename the unknown field" if e.validator == "additionalProperties" else "see docs/configuration.md"
-        where = list(e.absolute_path)
-        line = line_of(yaml.compose(text), where)
-        raise ConfigError(f"{path}:{line}: field {field_path(where)}: {e.message} (fix: {hint})")
+        data, root = yaml_input.load(text)
+        if data is None:
+            data = {"version": "v1"}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping starting with `version: v1`")
+        bad = yaml_input.first_schema_error(_schema(), data, root)
+    except yaml_input.YamlProblem as e:
+        raise _error(path, e) from None
+    if bad is not None:
+        hint = ("remove or rename the unknown field" if bad.validator == "additionalProperties"
+                else "see docs/configuration.md")
+        raise ConfigError(f"{path}:{bad.line}: field {bad.field}: {bad.message} (fix: {hint})")
     return Config(
         path=path,
         flags=dict(data.get("flags") or {}),
@@ -67,8 +78,9 @@ def load_config(path: str | None) -> Config:
     if not path:
         return Config()
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = yaml_input.read_text(path)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the config file: {e.strerror} (fix: check --config)") from None
+    except yaml_input.YamlProblem as e:
+        raise _error(path, e) from None
     return parse_config(text, path)

@@ -30,7 +30,7 @@ id in the kernel's form (`00000000:3B:00.0` -> `0000:3b:00.0`); -1 or
 unreadable -> None (no TopologyInfo), as NVIDIA's plugin does.
 
 The `nvml` module is injected (default: `import pynvml`), so the same code
-runs against `fake_nvml.FakeNvml` in CI.
+runs against the test double `topo_testkit.fake_nvml.FakeNvml` (tests/support) in CI.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from allocator.topology import HEALTHY, UNHEALTHY, Device, DeviceKind, Link, Lin
 
 from ..health import GpuHealthOptions, watch_gpu_health
 from .base import Publish
-from .errors import TopologyError
+from ..errors import RuntimeFailure
 from .pcie import normalize_bdf, pcie_level, read_numa_node
 
 log = logging.getLogger(__name__)
@@ -64,16 +64,19 @@ __all__ = [
 SOURCE = "nvml"
 _INIT_FIX = (
     "run on a node with the NVIDIA driver and expose libnvidia-ml.so.1 to the container "
-    "(nvidia runtime class or CDI), or set --fail-on-init-error=false to serve zero GPUs on nodes without them"
+    "(nvidia runtime class or CDI), or pass --no-fail-on-init-error (flags.failOnInitError: false) to serve zero GPUs on nodes without them"
 )
 
 
-class DiscoveryError(TopologyError):
-    """NVML could not be used at start; `str()` says which call failed and how to fix it."""
+class DiscoveryError(RuntimeFailure):
+    """NVML could not be used at start (a runtime failure, exit 1); `str()` says which call failed and the fix."""
 
     def __init__(self, message: str, fix: str | None = None, code: int | None = None):
         self.code = code
-        super().__init__(SOURCE, message, fix=fix)
+        self.source = SOURCE
+        self.detail = message
+        self.fix = fix
+        super().__init__(f"{SOURCE}: {message}" + (f" (fix: {fix})" if fix else ""))
 
 
 def import_nvml() -> Any:

@@ -364,123 +364,145 @@ def discover_nics(
     with a reason in `NicInventory.skipped`.
     """
     roots = NicRoots(sysfs_root, dev_root, proc_root)
-    base = roots.pci_devices()
-    if not os.path.isdir(base):
-        log.warning("no PCI devices under %s: no NICs discovered", base)
+    if not os.path.isdir(roots.pci_devices()):
+        log.warning("no PCI devices under %s: no NICs discovered", roots.pci_devices())
         return NicInventory(devices=(), skipped={})
-    raws: dict[str, _Raw] = {}
-    owned = netdevs_by_function(sysfs_root)
-    for bdf in _listdir(base):
-        raw = _read_raw(roots, bdf, owned.get(bdf))
-        if raw is not None:
-            raws[bdf] = raw
-
+    raws = _scan_functions(roots)
     route_ifaces = default_route_interfaces(proc_root)
     uplinks = lower_interfaces(sysfs_root, route_ifaces) if route_ifaces else set()
     prev = {d.name: d for d in previous}
     skipped: dict[str, str] = {}
     devices: list[Device] = []
-    vf_index_cache: dict[str, dict[str, int]] = {}
-
+    vf_indexes: dict[str, dict[str, int]] = {}
     for bdf, raw in sorted(raws.items()):
-        if raw.driver is None:
-            skipped[bdf] = "no driver bound"
+        why = _skip_reason(raw, uplinks)
+        if why:
+            skipped[bdf] = why
             continue
-        if raw.totalvfs is not None and (raw.numvfs or 0) > 0:
-            skipped[bdf] = f"SR-IOV PF with {raw.numvfs} VFs (its VFs are offered instead)"
-            continue
-        carrying = sorted(set(raw.netdevs) & uplinks)
-        if carrying:
-            skipped[bdf] = f"carries the host's default route ({', '.join(carrying)})"
-            continue
-
-        attrs: dict[str, str] = {
-            "vendor": raw.vendor,
-            "device": raw.device,
-            "class": f"0x{raw.cls:06x}",
-            "driver": raw.driver,
-            "netdev": raw.netdevs[0] if raw.netdevs else "",
-        }
-        if raw.netdevs:
-            attrs["netdevs"] = ",".join(raw.netdevs)
-            attrs["operstate"] = _netdev_attr(sysfs_root, raw.path, raw.netdevs[0], "operstate") or "unknown"
-        pf = None
-        if raw.physfn:
-            pf = raws.get(raw.physfn)
-            pf_path = os.path.join(base, raw.physfn)
-            attrs["pf"] = raw.physfn
-            if raw.physfn not in vf_index_cache:
-                vf_index_cache[raw.physfn] = _vf_indexes(pf_path)
-            idx = vf_index_cache[raw.physfn].get(bdf)
-            if idx is not None:
-                attrs["vf_index"] = str(idx)
-            pf_netdevs = pf.netdevs if pf else _listdir(os.path.join(pf_path, "net"))
-            if pf_netdevs:
-                attrs["pf_netdev"] = pf_netdevs[0]
-                attrs["pf_operstate"] = (
-                    _netdev_attr(sysfs_root, pf_path, pf_netdevs[0], "operstate") or "unknown"
-                )
-        if raw.totalvfs is not None:
-            attrs["sriov_totalvfs"] = str(raw.totalvfs)
-            attrs["sriov_numvfs"] = str(raw.numvfs or 0)
-        group = _link_base(os.path.join(raw.path, "iommu_group"))
-        if group is not None:
-            attrs["iommu_group"] = group
-        if raw.driver == "vfio-pci" and group is not None:
-            attrs["vfio_device"] = f"/dev/vfio/{group}"
-            name = _read(os.path.join(sysfs_root, "kernel", "iommu_groups", group, "name"))
-            noiommu = name == "vfio-noiommu" or (
-                not os.path.exists(os.path.join(dev_root, "vfio", group))
-                and os.path.exists(os.path.join(dev_root, "vfio", f"noiommu-{group}"))
-            )
-            attrs["vfio_host_device"] = f"/dev/vfio/noiommu-{group}" if noiommu else f"/dev/vfio/{group}"
-        if raw.driver in ("uio", "igb_uio", "uio_pci_generic"):
-            uio = _listdir(os.path.join(raw.path, "uio"))
-            if uio:
-                attrs["uio_device"] = f"/dev/{uio[0]}"
-        rdma_devs = _listdir(os.path.join(raw.path, "infiniband"))
-        char_devs = [c for dev in rdma_devs for c in rdma_char_devices(sysfs_root, dev)]
-        old = prev.get(bdf)
-        if (not rdma_devs and not raw.netdevs and old is not None
-                and old.attributes.get("rdma") == "true" and old.attributes.get("driver") == raw.driver):
-            # Moved into a pod's network namespace: keep what we knew.
-            rdma_devs = [d for d in old.attributes.get("rdma_devices", "").split(",") if d]
-            char_devs = [d for d in old.attributes.get("rdma_char_devices", "").split(",") if d]
-            attrs["link_type"] = old.attributes.get("link_type", "")
-        attrs["rdma"] = "true" if rdma_devs else "false"
-        if rdma_devs:
-            attrs["rdma_devices"] = ",".join(rdma_devs)
-            attrs["rdma_char_devices"] = ",".join(char_devs)
-        if not attrs.get("link_type"):
-            attrs["link_type"] = _link_type(roots, raw, rdma_devs, pf)
-        acpi = _read(os.path.join(raw.path, "acpi_index"))
-        if acpi:
-            attrs["acpi_index"] = acpi
-        root = _pcie_root(raw.path)
-        if root:
-            attrs["pcie_root"] = root
-
-        health = HEALTHY
-        if link_health:
-            state = attrs.get("pf_operstate") if raw.physfn else attrs.get("operstate")
-            if state in _DOWN_STATES:
-                health = UNHEALTHY
-        devices.append(
-            Device(
-                name=bdf,
-                kind=DeviceKind.NIC,
-                index=len(devices),
-                numa=raw.numa,
-                health=health,
-                pci_bus_id=bdf,
-                model=_model(raw.vendor, raw.device),
-                port=raw.physfn or bdf,
-                attributes=attrs,
-            )
-        )
+        attrs = _attributes(roots, raw, raws, vf_indexes, prev.get(bdf))
+        devices.append(_device(raw, attrs, len(devices), link_health))
     for bdf, why in skipped.items():
         log.debug("NIC %s not offered: %s", bdf, why)
     return NicInventory(devices=tuple(devices), skipped=skipped, default_route_netdevs=tuple(sorted(uplinks)))
+
+
+def _scan_functions(roots: NicRoots) -> dict[str, _Raw]:
+    """Every network-class PCI function, with the netdevs each owns."""
+    owned = netdevs_by_function(roots.sysfs_root)
+    raws: dict[str, _Raw] = {}
+    for bdf in _listdir(roots.pci_devices()):
+        raw = _read_raw(roots, bdf, owned.get(bdf))
+        if raw is not None:
+            raws[bdf] = raw
+    return raws
+
+
+def _skip_reason(raw: _Raw, uplinks: set[str]) -> str | None:
+    """Why a function is not offered (None: it is)."""
+    if raw.driver is None:
+        return "no driver bound"
+    if raw.totalvfs is not None and (raw.numvfs or 0) > 0:
+        return f"SR-IOV PF with {raw.numvfs} VFs (its VFs are offered instead)"
+    carrying = sorted(set(raw.netdevs) & uplinks)
+    if carrying:
+        return f"carries the host's default route ({', '.join(carrying)})"
+    return None
+
+
+def _attributes(roots: NicRoots, raw: _Raw, raws: Mapping[str, _Raw], vf_indexes: dict[str, dict[str, int]],
+                old: Device | None) -> dict[str, str]:
+    """Everything selectors and Allocate need about one offered function (see `ATTRIBUTES`)."""
+    attrs: dict[str, str] = {
+        "vendor": raw.vendor,
+        "device": raw.device,
+        "class": f"0x{raw.cls:06x}",
+        "driver": raw.driver or "",
+        "netdev": raw.netdevs[0] if raw.netdevs else "",
+    }
+    if raw.netdevs:
+        attrs["netdevs"] = ",".join(raw.netdevs)
+        attrs["operstate"] = _netdev_attr(roots.sysfs_root, raw.path, raw.netdevs[0], "operstate") or "unknown"
+    pf = _pf_attributes(roots, raw, raws, vf_indexes, attrs)
+    if raw.totalvfs is not None:
+        attrs["sriov_totalvfs"] = str(raw.totalvfs)
+        attrs["sriov_numvfs"] = str(raw.numvfs or 0)
+    _user_space_attributes(roots, raw, attrs)
+    _rdma_attributes(roots, raw, pf, old, attrs)
+    acpi = _read(os.path.join(raw.path, "acpi_index"))
+    if acpi:
+        attrs["acpi_index"] = acpi
+    root = _pcie_root(raw.path)
+    if root:
+        attrs["pcie_root"] = root
+    return attrs
+
+
+def _pf_attributes(roots: NicRoots, raw: _Raw, raws: Mapping[str, _Raw], vf_indexes: dict[str, dict[str, int]],
+                   attrs: dict[str, str]) -> _Raw | None:
+    """A VF's PF, VF index and PF netdev (with its link state); returns the PF when it was scanned."""
+    if not raw.physfn:
+        return None
+    pf = raws.get(raw.physfn)
+    pf_path = os.path.join(roots.pci_devices(), raw.physfn)
+    attrs["pf"] = raw.physfn
+    if raw.physfn not in vf_indexes:
+        vf_indexes[raw.physfn] = _vf_indexes(pf_path)
+    idx = vf_indexes[raw.physfn].get(raw.bdf)
+    if idx is not None:
+        attrs["vf_index"] = str(idx)
+    pf_netdevs = pf.netdevs if pf else _listdir(os.path.join(pf_path, "net"))
+    if pf_netdevs:
+        attrs["pf_netdev"] = pf_netdevs[0]
+        attrs["pf_operstate"] = _netdev_attr(roots.sysfs_root, pf_path, pf_netdevs[0], "operstate") or "unknown"
+    return pf
+
+
+def _user_space_attributes(roots: NicRoots, raw: _Raw, attrs: dict[str, str]) -> None:
+    """IOMMU group, and the vfio / uio device node of a function bound to a user-space driver."""
+    group = _link_base(os.path.join(raw.path, "iommu_group"))
+    if group is not None:
+        attrs["iommu_group"] = group
+    if raw.driver == "vfio-pci" and group is not None:
+        attrs["vfio_device"] = f"/dev/vfio/{group}"
+        name = _read(os.path.join(roots.sysfs_root, "kernel", "iommu_groups", group, "name"))
+        noiommu = name == "vfio-noiommu" or (
+            not os.path.exists(os.path.join(roots.dev_root, "vfio", group))
+            and os.path.exists(os.path.join(roots.dev_root, "vfio", f"noiommu-{group}"))
+        )
+        attrs["vfio_host_device"] = f"/dev/vfio/noiommu-{group}" if noiommu else f"/dev/vfio/{group}"
+    if raw.driver in ("uio", "igb_uio", "uio_pci_generic"):
+        uio = _listdir(os.path.join(raw.path, "uio"))
+        if uio:
+            attrs["uio_device"] = f"/dev/{uio[0]}"
+
+
+def _rdma_attributes(roots: NicRoots, raw: _Raw, pf: _Raw | None, old: Device | None, attrs: dict[str, str]) -> None:
+    """RDMA devices and their char devices, and the link type (a VF moved into a pod keeps what we knew)."""
+    rdma_devs = _listdir(os.path.join(raw.path, "infiniband"))
+    char_devs = [c for dev in rdma_devs for c in rdma_char_devices(roots.sysfs_root, dev)]
+    if (not rdma_devs and not raw.netdevs and old is not None
+            and old.attributes.get("rdma") == "true" and old.attributes.get("driver") == raw.driver):
+        # Moved into a pod's network namespace: keep what we knew.
+        rdma_devs = [d for d in old.attributes.get("rdma_devices", "").split(",") if d]
+        char_devs = [d for d in old.attributes.get("rdma_char_devices", "").split(",") if d]
+        attrs["link_type"] = old.attributes.get("link_type", "")
+    attrs["rdma"] = "true" if rdma_devs else "false"
+    if rdma_devs:
+        attrs["rdma_devices"] = ",".join(rdma_devs)
+        attrs["rdma_char_devices"] = ",".join(char_devs)
+    if not attrs.get("link_type"):
+        attrs["link_type"] = _link_type(roots, raw, rdma_devs, pf)
+
+
+def _device(raw: _Raw, attrs: dict[str, str], index: int, link_health: bool) -> Device:
+    health = HEALTHY
+    if link_health:
+        state = attrs.get("pf_operstate") if raw.physfn else attrs.get("operstate")
+        if state in _DOWN_STATES:
+            health = UNHEALTHY
+    return Device(name=raw.bdf, kind=DeviceKind.NIC, index=index, numa=raw.numa, health=health,
+                  pci_bus_id=raw.bdf, model=_model(raw.vendor, raw.device), port=raw.physfn or raw.bdf,
+                  attributes=attrs)
 
 
 def link_states(sysfs_root: str, devices: Iterable[Device]) -> dict[str, str]:

@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from plugin.kubelet_standin import KubeletStandin
+from topo_testkit import pythonpath_env
+
+from plugin.demo.kubelet_standin import KubeletStandin
 
 ROOT = __import__('pathlib').Path(__file__).resolve().parents[2]
 
@@ -33,13 +35,18 @@ async def kubelet(plugin_dir: str) -> AsyncIterator[KubeletStandin]:
 
 
 class DaemonProcess:
-    """`python -m plugin serve ...` as a real child process, with its log captured."""
+    """`python -m plugin serve ...` as a real child process, with its log captured.
 
-    def __init__(self, args: list[str], log_path: str):
+    `fake_nvml`: a simulated node whose GPUs NVML reports (through
+    `topo_testkit.with_fake_nvml`; everything else is the shipped code path).
+    """
+
+    def __init__(self, args: list[str], log_path: str, fake_nvml: str | None = None):
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "plugin", "serve", *args], cwd=ROOT,
+        env = pythonpath_env(dict(os.environ, PYTHONUNBUFFERED="1"))
+        launcher = ["topo_testkit.with_fake_nvml", fake_nvml] if fake_nvml else ["plugin"]
+        self.proc = subprocess.Popen([sys.executable, "-m", *launcher, "serve", *args], cwd=ROOT,
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     @property
@@ -77,11 +84,12 @@ class DaemonProcess:
 def start_daemon(plugin_dir: str, tmp_path) -> Iterator:
     procs: list[DaemonProcess] = []
 
-    def start(*args: str, simulate: str = "dgx-a100", strategy: str = "index", raw: bool = False) -> DaemonProcess:
+    def start(*args: str, simulate: str = "dgx-a100", strategy: str = "index", raw: bool = False,
+              fake_nvml: str | None = None) -> DaemonProcess:
         argv = list(args) if raw else [
             "--simulate", simulate, "--device-plugin-path", plugin_dir, "--device-id-strategy", strategy,
             "--log-level", "debug", *args]
-        p = DaemonProcess(argv, str(tmp_path / f"daemon-{len(procs)}.log"))
+        p = DaemonProcess(argv, str(tmp_path / f"daemon-{len(procs)}.log"), fake_nvml)
         procs.append(p)
         return p
 

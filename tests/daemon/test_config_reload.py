@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from plugin.testing.sysfs_fixture import write_demo
+from topo_testkit.sysfs_fixture import write_demo
 
 GPU = "nvidia.com/gpu"
 
@@ -29,7 +29,8 @@ def rewrite(path: str, change) -> None:
 
 async def test_pool_changes_apply_without_touching_other_streams(kubelet, start_daemon, plugin_dir, node):
     config = f"{node.root}/config.yaml"
-    daemon = start_daemon("--config", config, "--device-plugin-path", plugin_dir, raw=True)
+    daemon = start_daemon("--config", config, "--device-plugin-path", plugin_dir, raw=True,
+                          fake_nvml=f"{node.root}/node.yaml")
     await kubelet.wait_for(lambda: {GPU, "example.com/pf_other", "topo.dev/pf_mlx"} <= set(kubelet.clients)
                            and all(c.devices for c in kubelet.clients.values()), timeout=20)
     gpu_client = kubelet.client(GPU)
@@ -53,3 +54,23 @@ async def test_pool_changes_apply_without_touching_other_streams(kubelet, start_
     assert "config change ignored" in log and "flags.deviceIdStrategy" in log and config in log
     assert daemon.proc.poll() is None
     assert kubelet.devices("example.com/uplinks") and len(kubelet.registrations_of(GPU)) == 1
+
+
+async def test_a_reload_applies_live_options_and_names_those_that_need_a_restart(kubelet, start_daemon, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nflags:\n  gpuResourceName: example.com/gpu\n  logFormat: text\n")
+    daemon = start_daemon("--config", str(config))
+    await kubelet.wait_for(lambda: len(kubelet.devices("example.com/gpu")) == 8, timeout=20)
+    tmp = tmp_path / "config.yaml.tmp"
+    tmp.write_text("version: v1\nflags:\n  gpuResourceName: example.com/accel\n  logFormat: json\n"
+                   "gpus:\n  health:\n    disabled: true\n")
+    os.replace(tmp, config)
+    await kubelet.wait_for(lambda: len(kubelet.devices("example.com/accel")) == 8, timeout=10)
+    for _ in range(100):  # the warning comes with the reload that renamed the resource; poll its log
+        if "needs a restart" in daemon.log():
+            break
+        await asyncio.sleep(0.1)
+    assert "needs a restart" in daemon.log(), daemon.log()[-3000:]
+    line = next(x for x in daemon.log().splitlines() if "needs a restart" in x)
+    assert "--log-format" in line and "gpus.health" in line and "gpu-resource-name" not in line
+    assert daemon.proc.poll() is None

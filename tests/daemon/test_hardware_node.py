@@ -1,15 +1,17 @@
 """The real-hardware path end to end: `serve --config` on a generated sysfs node with NVML answered
-from the same node description (`fakeNvml`), registered with the kubelet stand-in."""
+from the same node description (`topo_testkit.with_fake_nvml`), registered with the kubelet stand-in."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from plugin.cli import cli
-from plugin.testing.sysfs_fixture import write_demo
+from topo_testkit.sysfs_fixture import write_demo
+from topo_testkit.with_fake_nvml import fake_for, installed
 
 GPU = "nvidia.com/gpu"
 
@@ -20,7 +22,8 @@ def node(tmp_path):
 
 
 async def test_serve_config_registers_gpus_and_nic_pools(kubelet, start_daemon, plugin_dir, node):
-    start_daemon("--config", f"{node.root}/config.yaml", "--device-plugin-path", plugin_dir, raw=True)
+    start_daemon("--config", f"{node.root}/config.yaml", "--device-plugin-path", plugin_dir, raw=True,
+                 fake_nvml=f"{node.root}/node.yaml")
     expected = {GPU, "topo.dev/sriov_vfio", "topo.dev/rdma_ib", "topo.dev/sriov_a", "topo.dev/sriov_b",
                 "topo.dev/pf_mlx", "example.com/pf_other"}
     await kubelet.wait_for(lambda: expected <= {r for r, c in kubelet.clients.items() if c.devices}, timeout=20)
@@ -51,7 +54,8 @@ async def test_serve_config_registers_gpus_and_nic_pools(kubelet, start_daemon, 
 
 
 def test_discover_config_prints_gpus_nics_pools_and_links(node):
-    r = CliRunner().invoke(cli, ["discover", "--config", f"{node.root}/config.yaml"], catch_exceptions=False)
+    with installed(fake_for(f"{node.root}/node.yaml")):
+        r = CliRunner().invoke(cli, ["discover", "--config", f"{node.root}/config.yaml"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     out = r.output
     assert "8 GPUs" in out and "Resource nvidia.com/gpu" in out
@@ -63,3 +67,43 @@ def test_discover_config_prints_gpus_nics_pools_and_links(node):
     # the GPU<->NIC part of the matrix: GPU0 sits on the same PCIe switch as the first ConnectX card
     nic_col = cols.index("0000:1c:00.2")
     assert row.split()[1 + nic_col] == "PIX"
+
+
+def nics_only_config(node, path, pools=None) -> str:
+    """The generated node's roots, no GPU driver needed (zero GPUs), and optionally NIC pools."""
+    doc = {"version": "v1", "flags": {"sysfsRoot": node.sysfs_root, "devRoot": node.dev_root,
+                                      "procRoot": node.proc_root, "failOnInitError": False}}
+    if pools is not None:
+        doc["nics"] = {"resourceList": pools}
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def allocation(resp) -> tuple[list[tuple[str, str]], dict]:
+    devices = sorted((d.container_path, d.host_path) for d in resp.devices)
+    infos = [json.loads(v) for k, v in resp.envs.items() if k.endswith("_INFO")]
+    assert len(infos) == 1, f"want one PCIDEVICE_..._INFO, got envs {dict(resp.envs)}"
+    return devices, infos[0]
+
+
+async def test_rdma_nic_gets_the_same_allocate_in_the_default_pool_as_in_an_rdma_pool(
+        kubelet, start_daemon, plugin_dir, node, tmp_path):
+    (rdma,) = [f for f in node.functions if f.rdma_dev]
+    answers = {}
+    for name, pools, resource in (("default", None, "topo.dev/nic"),
+                                  ("rdma pool", [{"resourceName": "rdma", "selectors": {"isRdma": True}}],
+                                   "topo.dev/rdma")):
+        config = nics_only_config(node, tmp_path / f"{resource.replace('/', '_')}.yaml", pools)
+        daemon = start_daemon("--config", config, "--device-plugin-path", plugin_dir, raw=True)
+        await kubelet.wait_for(lambda: rdma.bdf in kubelet.devices(resource), timeout=20)
+        resp = await kubelet.allocate(resource, [rdma.bdf])
+        answers[name] = allocation(resp)
+        assert resp.envs[f"PCIDEVICE_TOPO_DEV_{resource.split('/')[1].upper()}"] == rdma.bdf
+        assert await daemon.terminate() == 0
+    devices, info = answers["default"]
+    assert (devices, info) == answers["rdma pool"]
+    paths = [c for c, _ in devices]
+    assert "/dev/infiniband/rdma_cm" in paths
+    for kind in ("uverbs", "umad", "issm"):
+        assert any(p.startswith(f"/dev/infiniband/{kind}") for p in paths), (kind, paths)
+    assert info[rdma.bdf]["rdma"]["rdma_dev"] == rdma.rdma_dev

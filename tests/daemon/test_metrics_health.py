@@ -38,7 +38,7 @@ async def wait_http(url: str) -> None:
 
 
 async def test_ready_only_once_registered_and_metrics_count(plugin_dir, start_daemon):
-    from plugin.kubelet_standin import KubeletStandin
+    from plugin.demo.kubelet_standin import KubeletStandin
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"

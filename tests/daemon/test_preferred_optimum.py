@@ -13,13 +13,14 @@ import random
 
 import grpc
 import pytest
+from topo_testkit import SHARED_DIR
 
 from plugin.api import api_pb2, api_pb2_grpc
 from plugin.resources import ResourceOptions, build_resources
 from plugin.sources import builtin_names, load_topology
 
 GPU = "nvidia.com/gpu"
-TOPOLOGIES = sorted((pathlib.Path(__file__).resolve().parents[3] / "shared" / "topologies").glob("*.txt"))
+TOPOLOGIES = sorted((SHARED_DIR / "topologies").glob("*.txt"))
 MACHINES = [str(p) for p in TOPOLOGIES] + ["dgx-2-v100"]
 
 

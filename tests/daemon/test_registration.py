@@ -7,7 +7,7 @@ import os
 import stat
 import tempfile
 
-from plugin.kubelet_standin import KubeletStandin
+from plugin.demo.kubelet_standin import KubeletStandin
 
 GPU = "nvidia.com/gpu"
 NIC = "topo.dev/nic"

@@ -9,11 +9,12 @@ import time
 
 import pytest
 import yaml
+from topo_testkit import SHARED_DIR
 
 from plugin.sources.simulated import builtin_text
 
 GPU = "nvidia.com/gpu"
-TOPOLOGIES = pathlib.Path(__file__).resolve().parents[3] / "shared" / "topologies"
+TOPOLOGIES = SHARED_DIR / "topologies"
 
 # NUMA node of each GPU, as shared/spec/topology-input.md derives it from the text
 # (first node of `NUMA Affinity`; without that column, groups of equal `CPU Affinity`).

@@ -36,7 +36,8 @@ K8S_VERSION = "v1.32.10"
 
 
 def cache_dir() -> pathlib.Path:
-    d = pathlib.Path(os.environ.get("TOPO_DP_CACHE_DIR") or pathlib.Path.home() / ".cache" / "topo-device-plugin")
+    d = pathlib.Path(os.environ.get("TOPO_DP_CACHE_DIR")
+                     or pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "topo-device-plugin")
     d.mkdir(parents=True, exist_ok=True)
     return d
 

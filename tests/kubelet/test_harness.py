@@ -12,12 +12,12 @@ import pathlib
 
 import pytest
 import yaml
+from topo_testkit import SHARED_DIR
 from kubelet_testlib import (
     ADMISSION_PODS,
     GPU,
     MAX_REGISTRATION_S,
     NIC,
-    ROOT,
     TAP_DIR,
     admission_run,
     check_admitted_pod,
@@ -42,7 +42,7 @@ from kubelet_testlib import (
 # scripts/kubelet_tests.sh prepare does it up front). Each run below has its own timeout.
 pytestmark = pytest.mark.timeout(1500)
 
-SHARED_TOPOS = ROOT.parent / "shared" / "topologies"
+SHARED_TOPOS = SHARED_DIR / "topologies"
 L40S = str(SHARED_TOPOS / "21-pcie-8x-l40s-dual-socket-node-sys-1nic.txt")
 
 

@@ -45,7 +45,7 @@ def _model():
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from allocator.topologymanager import evaluate_admission_case, evaluate_merge_case
+    from topo_testkit.tm_cases import evaluate_admission_case, evaluate_merge_case
 
     return evaluate_merge_case, evaluate_admission_case
 

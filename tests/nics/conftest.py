@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.testing.sysfs_fixture import GeneratedNode, default_node, write_node
+from topo_testkit.sysfs_fixture import GeneratedNode, default_node, write_node
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from plugin.allocate_response import DeviceNode
 from plugin.nic_pools import go_json, parse_pools
 from plugin.resources import ResourceOptions, build_resources
 from plugin.sources.sysfs_nics import discover_nics
-from plugin.testing.sysfs_fixture import HostBridge, NicCard, NodeSpec, Port, Socket, Vf, write_node
+from topo_testkit.sysfs_fixture import HostBridge, NicCard, NodeSpec, Port, Socket, Vf, write_node
 
 SRC = "config.yaml"
 

@@ -19,12 +19,12 @@ import yaml
 from plugin.daemon import Daemon, DaemonOptions
 from plugin.gpu_allocate import GpuAllocateOptions
 from plugin.health import GpuHealthOptions
-from plugin.kubelet_standin import KubeletStandin
+from plugin.demo.kubelet_standin import KubeletStandin
 from plugin.nic_pools import parse_pools
 from plugin.resources import ResourceOptions
 from plugin.sources.hardware import hardware_source_from_options
 from plugin.sources.udev_hotplug import UdevUnavailable
-from plugin.testing.sysfs_fixture import example_config, fake_nvml
+from topo_testkit.sysfs_fixture import example_config, fake_nvml
 
 
 def no_udev(_subsystems):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from allocator.topology import HEALTHY, UNHEALTHY, DeviceKind
 from plugin.sources.sysfs_nics import default_route_interfaces, discover_nics, link_states, rdma_char_devices
-from plugin.testing.sysfs_fixture import (
+from topo_testkit.sysfs_fixture import (
     Bond, Gpu, HostBridge, NicCard, NodeSpec, Port, Socket, Switch, Vf, default_node, write_node,
 )
 

@@ -12,11 +12,12 @@ from allocator.topology import UNHEALTHY, DeviceKind, LinkLevel, NodeTopology
 from plugin.health import GpuHealthOptions
 from plugin.nic_pools import parse_pools
 from plugin.resources import ResourceOptions, build_resources
-from plugin.sources.errors import TopologyError
+from plugin.errors import RuntimeFailure
+from plugin.sources.nvml_gpus import DiscoveryError
 from plugin.sources.hardware import hardware_source_from_options, read_numa
 from plugin.sources.simulated import load_simulated
 from plugin.sources.udev_hotplug import UdevUnavailable
-from plugin.testing.sysfs_fixture import (
+from topo_testkit.sysfs_fixture import (
     example_config, fake_nvml, simulated_node_yaml, write_demo,
 )
 
@@ -79,9 +80,10 @@ def test_nvml_init_failure_is_fatal_by_default_and_zero_gpus_otherwise(node):
     import pynvml
 
     broken = fake_nvml(node, init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-    with pytest.raises(TopologyError) as e:
+    with pytest.raises(DiscoveryError) as e:
         source(node, nvml=broken).load()
     assert "fail-on-init-error" in str(e.value)
+    assert isinstance(e.value, RuntimeFailure)  # the environment, not the input: exit 1, not 2
     src = source(node, nvml=broken, fail_on_init_error=False)
     t = src.load()
     assert t.gpus == () and t.nics == node.topology.nics

@@ -13,7 +13,7 @@ import pytest
 from allocator.topology import UNHEALTHY, NodeTopology
 from plugin.sources.hardware import HardwareOptions, HardwareSource
 from plugin.sources.udev_hotplug import HotplugEvent, HotplugWatcher, UdevMonitor, UdevUnavailable
-from plugin.testing.sysfs_fixture import NicCard, Vf, default_node, write_node
+from topo_testkit.sysfs_fixture import NicCard, Vf, default_node, write_node
 
 T0 = NodeTopology.build([], {}, source="t0")
 

@@ -10,7 +10,7 @@ from plugin.config import ConfigError, parse_config
 from plugin.nic_pools import NicPoolError, env_var_name, parse_pool_specs, parse_pools, summarize
 from plugin.resources import ResourceOptions, build_resources
 from plugin.sources.sysfs_nics import discover_nics
-from plugin.testing.sysfs_fixture import example_config
+from topo_testkit.sysfs_fixture import example_config
 
 SRC = "/etc/topo/config.yaml"
 

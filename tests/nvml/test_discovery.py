@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pathlib
 import sys
 from dataclasses import replace
 
 import pynvml
 import pytest
+from topo_testkit import SHARED_DIR
 
 from allocator.topology import HEALTHY, DeviceKind, Link, LinkLevel, NodeTopology
+from plugin.errors import RuntimeFailure
 from plugin.sources import TopologyError, builtin_names, load_simulated
-from plugin.sources.fake_nvml import FakeNvml, nvml_bus_id
+from topo_testkit.fake_nvml import FakeNvml, nvml_bus_id
 from plugin.sources.nvml_gpus import DiscoveryError, NvmlGpuSource, discover_gpus
 
-TOPOLOGIES = sorted((pathlib.Path(__file__).resolve().parents[3] / "shared" / "topologies").glob("*.txt"))
+TOPOLOGIES = sorted((SHARED_DIR / "topologies").glob("*.txt"))
 SOURCES = [pytest.param(n, id=n) for n in builtin_names()] + [
     pytest.param(str(p), id=p.stem) for p in TOPOLOGIES
 ]
@@ -173,10 +174,11 @@ def test_init_error_is_fatal_with_a_clear_message_by_default(tmp_path):
     fake = FakeNvml(load_simulated("dgx-a100"), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
     with pytest.raises(DiscoveryError) as e:
         NvmlGpuSource(nvml=fake, sysfs_root=str(tmp_path)).load()
-    assert isinstance(e.value, TopologyError)
+    # A runtime failure (exit 1), not bad input (a TopologyError would exit 2).
+    assert isinstance(e.value, RuntimeFailure) and not isinstance(e.value, TopologyError)
     text = str(e.value)
     assert text.startswith("nvml: cannot initialise NVML: Driver Not Loaded")
-    assert "--fail-on-init-error=false" in text
+    assert "--no-fail-on-init-error" in text
     assert e.value.code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 
 
@@ -239,7 +241,7 @@ def test_pcie_levels_fall_back_to_sysfs_when_nvml_cannot_say(tmp_path):
 @pytest.mark.parametrize("common_ancestor", [True, False])
 def test_generated_node_discovers_exactly(tmp_path, common_ancestor):
     """The NIC fixtures' 8-GPU node: devices equal field by field, and levels from its real PCIe tree."""
-    fixture = pytest.importorskip("plugin.testing.sysfs_fixture")
+    from topo_testkit import sysfs_fixture as fixture
     node = fixture.write_node(fixture.default_node(), str(tmp_path / "node"))
     expected = node.topology.without(d.name for d in node.topology.nics)
     fake = FakeNvml(expected, common_ancestor=common_ancestor)

@@ -17,7 +17,7 @@ import pytest
 from allocator.topology import HEALTHY, UNHEALTHY
 from plugin.health import DEFAULT_IGNORED_XIDS, Backoff, GpuHealthMonitor, GpuHealthOptions
 from plugin.sources import load_simulated
-from plugin.sources.fake_nvml import FakeNvml
+from topo_testkit.fake_nvml import FakeNvml
 from plugin.sources.nvml_gpus import NvmlGpuSource
 
 FAST = {"wait_timeout_ms": 20}

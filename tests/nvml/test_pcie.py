@@ -129,7 +129,7 @@ def test_read_numa_node(tmp_path):
 
 def test_agrees_with_the_generated_node_for_every_pair(tmp_path):
     """The NIC fixtures compute levels from their own description; sysfs realpaths must give the same."""
-    fixture = pytest.importorskip("plugin.testing.sysfs_fixture")
+    from topo_testkit import sysfs_fixture as fixture
     node = fixture.write_node(fixture.default_node(), str(tmp_path / "node"))
     funcs = [f for f in node.functions if f.role in ("gpu", "pf", "vf")]
     seen = set()

@@ -87,3 +87,68 @@ def test_asymmetric_pair_keeps_higher_weight_and_warns(caplog):
     assert topo.link("GPU0", "GPU1").label == "NV2"
     warning = [r for r in caplog.records if "asymmetric" in r.getMessage()]
     assert warning and warning[0].pair == "GPU0-GPU1"
+
+
+# -- headings however they are spaced, and rows checked against the header (never guessed) ----------
+SPACED = """\
+        GPU0    GPU1    mlx5_0  mlx5_1 CPU Affinity NUMA Affinity
+GPU0     X      NV2     PIX     SYS     0-7     0
+GPU1    NV2      X      SYS     PIX     8-15    1
+mlx5_0  PIX     SYS      X      SYS
+mlx5_1  SYS     PIX     SYS      X
+"""
+
+
+@pytest.mark.parametrize("header", [
+    "        GPU0    GPU1    mlx5_0  mlx5_1 CPU Affinity NUMA Affinity",
+    "        GPU0    GPU1    mlx5_0  mlx5_1  CPU  Affinity   NUMA   Affinity",
+    "\tGPU0\tGPU1\tmlx5_0\tmlx5_1\tCPU Affinity NUMA Affinity",
+])
+def test_affinity_headings_are_recognised_however_spaced(header):
+    topo = load_topo_matrix(header + "\n" + SPACED.split("\n", 1)[1], "spaced.txt")
+    assert [d.name for d in topo.nics] == ["mlx5_0", "mlx5_1"]
+    assert [d.numa for d in topo.gpus] == [0, 1]
+    assert [d.attributes["cpu_affinity"] for d in topo.gpus] == ["0-7", "8-15"]
+
+
+@pytest.mark.parametrize("row", [
+    "GPU1    NV2      X      SYS     PIX     PIX     32-63   1",  # one link cell too many
+    "GPU1    NV2      X      SYS     PIX     8-15    1     7",      # one trailing cell too many
+    "GPU1    NV2      X      SYS     PIX     8-15",                 # NUMA Affinity missing
+])
+def test_a_row_that_does_not_fit_the_header_names_file_line_and_fix(row):
+    text = SPACED.replace("GPU1    NV2      X      SYS     PIX     8-15    1", row)
+    with pytest.raises(TopologyError) as e:
+        load_topo_matrix(text, "node.txt")
+    msg = str(e.value)
+    assert msg.startswith("node.txt:3: row GPU1 has") and "the header names 6 columns" in msg
+    assert "(fix: " in msg
+
+
+def test_a_shifted_affinity_is_not_read_as_a_numa_node():
+    tabbed = SMALL.replace("GPU1\tNV2\t X \tSYS\t8-15", "GPU1\tNV2\t X \tSYS\tSYS\t8-15")
+    with pytest.raises(TopologyError, match=r"small.txt:3: row GPU1 has 5 cells"):
+        load_topo_matrix(tabbed, "small.txt")
+    junk = SMALL.replace("SYS\t8-15", "SYS\tPIX")
+    with pytest.raises(TopologyError, match=r"small.txt:3: row GPU1, column CPU Affinity: cannot read 'PIX'"):
+        load_topo_matrix(junk, "small.txt")
+
+
+def test_a_misspelled_heading_is_an_error_not_a_nic():
+    text = SPACED.replace("CPU Affinity", "CPU Afinity")  # must not become NICs called CPU and Afinity
+    with pytest.raises(TopologyError, match=r"node.txt:2: row GPU0 has 6 cells but the header names 7 columns"):
+        load_topo_matrix(text, "node.txt")
+    no_nic_row = SPACED.replace("mlx5_1  SYS     PIX     SYS      X\n", "")
+    with pytest.raises(TopologyError, match=r"node.txt:1: the header names mlx5_1 but there is no mlx5_1 row"):
+        load_topo_matrix(no_nic_row, "node.txt")
+
+
+def test_a_misfit_row_stops_discover_with_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from plugin.cli import cli
+
+    path = tmp_path / "node.txt"
+    path.write_text(SPACED.replace("8-15    1", "PIX    8-15    1"))
+    r = CliRunner().invoke(cli, ["discover", "--simulate", str(path)])
+    assert r.exit_code == 2 and f"{path}:3: row GPU1" in r.output and "fix:" in r.output

@@ -22,10 +22,9 @@ from allocator.topologymanager import (
     SingleNumaNodePolicy,
     TopologyHint,
     TopologyManagerError,
-    evaluate_admission_case,
-    evaluate_merge_case,
     explain,
 )
+from topo_testkit.tm_cases import evaluate_admission_case, evaluate_merge_case
 
 
 def lowest(available, must_include, size):

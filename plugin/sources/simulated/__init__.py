@@ -12,6 +12,7 @@ from importlib import resources
 
 from allocator.topology import NodeTopology
 
+from ...yaml_input import YamlProblem, read_text
 from ..errors import TopologyError
 from .node_yaml import API_VERSION, load_node_yaml
 from .topo_matrix import load_topo_matrix, parse_topo_matrix
@@ -48,13 +49,14 @@ def load_simulated(source: str) -> NodeTopology:
     """Load SOURCE: a built-in name, a YAML node file, or `nvidia-smi topo -m` text.
 
     The format of a file is recognised by content (an `apiVersion:` line means
-    YAML), not by extension, so users can paste outputs into any file.
+    YAML), not by extension, so users can paste outputs into any file. Files
+    above 1 MiB are refused unread (`plugin.yaml_input`).
     """
     if source in builtin_names():
         return load_node_yaml(builtin_text(source), f"builtin:{source}")
     path = pathlib.Path(source)
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_text(source)
     except FileNotFoundError:
         raise TopologyError(
             source, "no such file or built-in node",
@@ -62,6 +64,8 @@ def load_simulated(source: str) -> NodeTopology:
         ) from None
     except OSError as e:
         raise TopologyError(source, f"cannot read: {e.strerror}") from None
+    except YamlProblem as e:
+        raise TopologyError(source, e.message, fix=e.fix) from None
     if any(line.startswith("apiVersion:") for line in text.splitlines()):
         return load_node_yaml(text, source)
     return load_topo_matrix(text, source, node_name=path.stem)

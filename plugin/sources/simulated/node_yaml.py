@@ -16,11 +16,11 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-import jsonschema
 import yaml
 
 from allocator.topology import HEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
 
+from ... import yaml_input
 from ...yamlpath import field_path, line_of
 from ..errors import TopologyError
 from .topo_matrix import load_topo_matrix
@@ -37,26 +37,18 @@ def schema() -> dict[str, Any]:
 
 def load_node_yaml(text: str, source: str) -> NodeTopology:
     try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise TopologyError(
-            source, f"not valid YAML: {getattr(e, 'problem', e)}",
-            line=mark.line + 1 if mark else None, fix="fix the YAML syntax",
-        ) from None
-    if not isinstance(data, Mapping):
-        raise TopologyError(source, "expected a mapping with apiVersion: topo-device-plugin/v1",
-                            fix="start the file with `apiVersion: topo-device-plugin/v1` and `kind: SimulatedNode`")
-    validator = jsonschema.Draft202012Validator(schema())
-    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
-    if errors:
-        e = errors[0]
-        path = list(e.absolute_path)
+        data, root = yaml_input.load(text)
+        if not isinstance(data, Mapping):
+            raise TopologyError(source, "expected a mapping with apiVersion: topo-device-plugin/v1",
+                                fix="start the file with `apiVersion: topo-device-plugin/v1` and `kind: SimulatedNode`")
+        bad = yaml_input.first_schema_error(schema(), data, root)
+    except yaml_input.YamlProblem as e:
+        raise TopologyError(source, e.message, line=e.line, fix=e.fix) from None
+    if bad is not None:
         fix = "see docs/simulated-nodes.md for the format"
-        if e.validator == "additionalProperties":
+        if bad.validator == "additionalProperties":
             fix = "remove or rename the unknown field; " + fix
-        raise TopologyError(source, f"field {field_path(path)}: {e.message}", line=line_of(root, path), fix=fix)
+        raise TopologyError(source, f"field {bad.field}: {bad.message}", line=bad.line, fix=fix)
     return _build(data, root, source)
 
 

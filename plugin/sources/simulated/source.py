@@ -14,7 +14,7 @@ from allocator.topology import NodeTopology
 
 from ...filewatch import watch_file
 from ..base import Publish
-from ..errors import TopologyError
+from ...errors import InputError
 from . import load_simulated, source_path
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,12 @@ class SimulatedSource:
             nonlocal last
             try:
                 topology = await asyncio.to_thread(load_simulated, self.source)
-            except TopologyError as e:
+            except InputError as e:
                 log.warning("simulated node edit ignored; keeping the last good topology", extra={"reason": str(e)})
+                return
+            except Exception:  # a bug, not a bad file: loud, and the last good topology stays
+                log.exception("simulated node edit ignored: internal error (a bug); keeping the last good topology",
+                              extra={"source": self.source})
                 return
             if topology != last:
                 last = topology

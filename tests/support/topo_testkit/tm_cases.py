@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .bitmask import BitMask
-from .device_hints import DeviceInfo
-from .device_manager import ResourceSpec
-from .devices_to_allocate import PreferredFn
-from .explain import explain
-from .hint import ProviderHints, TopologyHint, TopologyManagerError
-from .options import FeatureGates
-from .pod import Container, Pod
-from .topology_manager import TopologyManager
+from allocator.topologymanager.bitmask import BitMask
+from allocator.topologymanager.device_hints import DeviceInfo
+from allocator.topologymanager.device_manager import ResourceSpec
+from allocator.topologymanager.devices_to_allocate import PreferredFn
+from allocator.topologymanager.explain import explain
+from allocator.topologymanager.hint import ProviderHints, TopologyHint, TopologyManagerError
+from allocator.topologymanager.options import FeatureGates
+from allocator.topologymanager.pod import Container, Pod
+from allocator.topologymanager.topology_manager import TopologyManager
 
 
 def _distances(raw: Mapping[Any, Sequence[int] | None] | None) -> dict[int, list[int] | None] | None:

@@ -1,8 +1,9 @@
 """A fake NVML (the pynvml calls we use), driven by a `NodeTopology`: a test double at the hardware boundary.
 
-Why in the package and not under tests/: the discovery and health code take
-the NVML module as a parameter, and CI, the daemon's end-to-end tests and the
-`device` check all need the same stand-in. The real discovery code runs
+Why under tests/ and not in the package: it is a test double, and the image
+must not contain a fake NVML. The discovery and health code take the NVML
+module as a parameter (or `import pynvml`, which `topo_testkit.with_fake_nvml`
+points at an instance of this class), so the real discovery code runs
 unchanged against it:
 
     fake = FakeNvml(load_simulated("dgx-a100"))
@@ -45,7 +46,7 @@ import pynvml
 
 from allocator.topology import Device, LinkLevel, NodeTopology
 
-from .pcie import normalize_bdf
+from plugin.sources.pcie import normalize_bdf
 
 __all__ = ["FakeEventData", "FakeNvml", "FakePciInfo", "nvml_bus_id"]
 

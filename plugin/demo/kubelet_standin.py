@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from .api import api_pb2, api_pb2_grpc
+from ..api import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,137 @@
+"""Writing our CDI spec files: atomically, replaced when devices change, removed on shutdown.
+
+Why atomic: runtimes (containerd's CDI cache watches the spec directories
+with inotify) may read a spec at any moment; they must see the old file or
+the new one, never half of one. So each file is written to a temporary name
+in the same directory (one a runtime skips: it does not end in .json or
+.yaml), flushed and fsync'ed, renamed over the target, and the directory is
+fsync'ed so the rename survives a crash.
+
+Which files are ours: `<vendor>-<class>.json` with a vendor starting with our
+prefix (`topo-dp.`), the CDI library's own naming. `sync` writes the given
+specs and removes our other files, also those a crashed predecessor left;
+files of anyone else in the directory are never touched.
+
+The daemon drives it (wiring phase): `sync(specs)` after it built the
+resources and before it advertises them (a kubelet may allocate as soon as
+a device is listed), again on every topology or config change, and
+`remove_all()` on shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .spec import DEFAULT_SPEC_DIR, VENDOR_PREFIX, CdiSpec
+
+log = logging.getLogger(__name__)
+
+
+class CdiWriteError(OSError):
+    """A spec file could not be written or removed; the message names the path and the cause."""
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    written: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    removed: tuple[str, ...]
+
+
+class CdiSpecWriter:
+    def __init__(self, directory: str = DEFAULT_SPEC_DIR, vendor_prefix: str = VENDOR_PREFIX):
+        self.directory = directory
+        self.prefix = vendor_prefix + "."
+
+    def _ours(self, name: str) -> bool:
+        if name.startswith("." + self.prefix) and name.endswith(".tmp"):
+            return True  # a temporary file a crashed writer left
+        return name.startswith(self.prefix) and name.endswith((".json", ".yaml"))
+
+    def owned_files(self) -> list[str]:
+        """Our spec files (and stale temporary files) in the directory, sorted."""
+        try:
+            return sorted(n for n in os.listdir(self.directory) if self._ours(n))
+        except FileNotFoundError:
+            return []
+
+    def write(self, spec: CdiSpec) -> bool:
+        """Write `spec` atomically; False (and nothing touched) when the file already holds it."""
+        if not spec.file_name.startswith(self.prefix):
+            raise ValueError(f"spec kind {spec.kind!r} is not ours (vendor must start with {self.prefix!r})")
+        text = spec.to_json()
+        target = os.path.join(self.directory, spec.file_name)
+        try:
+            with open(target, encoding="utf-8") as f:
+                if f.read() == text:
+                    return False
+        except (FileNotFoundError, UnicodeDecodeError):
+            pass
+        except OSError as e:
+            raise CdiWriteError(f"cannot read CDI spec {target}: {e.strerror or e}") from e
+        try:
+            os.makedirs(self.directory, mode=0o755, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{spec.file_name}.", suffix=".tmp", dir=self.directory)
+        except OSError as e:
+            raise CdiWriteError(f"cannot create a CDI spec in {self.directory}: {e.strerror or e}") from e
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fchmod(f.fileno(), 0o644)
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+            self._sync_dir()
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise CdiWriteError(f"cannot write CDI spec {target}: {e.strerror or e}") from e
+        log.info("wrote CDI spec", extra={"path": target, "kind": spec.kind, "devices": len(spec.devices)})
+        return True
+
+    def sync(self, specs: Iterable[CdiSpec]) -> SyncResult:
+        """Make our files in the directory exactly `specs`: write new or changed ones, remove the rest."""
+        specs = list(specs)
+        names = [s.file_name for s in specs]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"two resources map to the same CDI spec file: {', '.join(dup)}")
+        written, unchanged = [], []
+        for s in specs:
+            (written if self.write(s) else unchanged).append(s.file_name)
+        keep = set(names)
+        removed = [n for n in self.owned_files() if n not in keep]
+        for n in removed:
+            self._remove(n)
+        return SyncResult(tuple(written), tuple(unchanged), tuple(removed))
+
+    def remove_all(self) -> list[str]:
+        """Remove every file of ours (shutdown); returns their names."""
+        files = self.owned_files()
+        for n in files:
+            self._remove(n)
+        return files
+
+    def _remove(self, name: str) -> None:
+        path = os.path.join(self.directory, name)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise CdiWriteError(f"cannot remove CDI spec {path}: {e.strerror or e}") from e
+        self._sync_dir()
+        log.info("removed CDI spec", extra={"path": path})
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,39 @@
+"""Errors become exit codes here, by kind (`plugin.errors`), for every command.
+
+Bad input exits 2 with its message (file, field, fix), a runtime failure exits
+1 with its message, and anything else is a bug: its traceback is printed and
+the exit code is 1, never "bad input".
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import click
+
+from ..errors import InputError, RuntimeFailure
+
+
+class BadInput(click.ClickException):
+    """A user input error: `Error: <file>: <field>: <problem> (fix: ...)`, exit 2 (no usage text)."""
+
+    exit_code = 2
+
+
+class Command(click.Command):
+    """A click command that routes the program's errors to exit codes."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except InputError as e:
+            raise BadInput(str(e)) from None
+        except RuntimeFailure as e:
+            raise click.ClickException(str(e)) from None
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as e:  # a bug: say so, with the traceback, and exit 1
+            click.echo(traceback.format_exc(), err=True, nl=False)
+            raise click.ClickException(f"internal error (a bug, please report it with the traceback above): "
+                                       f"{type(e).__name__}: {e}") from None

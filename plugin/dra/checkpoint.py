@@ -1,0 +1,174 @@
+"""Prepared claims, kept on disk so a restart neither loses nor repeats a preparation.
+
+Why a file and why this shape:
+- The kubelet calls NodePrepareResources again for claims it has not seen
+  prepared (after its own restart, or ours) and NodeUnprepareResources when a
+  pod is done, possibly against a different instance of the driver during a
+  rolling update (both instances serve at once, the kubelet picks either). So
+  the truth about what is prepared must live outside any one process.
+- Every change takes an exclusive `flock` on `<plugin dir>/serialize.lock`
+  (a fresh open file per change, so changes in one process exclude each other too),
+  reads the file, changes it and writes it back atomically (temp file, fsync,
+  rename, fsync of the directory). Two instances never interleave, and a crash
+  leaves either the old or the new file, never half of one.
+- The file carries a checksum of its claims, so a truncated or edited file is
+  refused with an error naming it instead of being half-trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+FORMAT_VERSION = 1
+T = TypeVar("T")
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint file cannot be trusted; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as NodePrepareResources reports it."""
+
+    pool: str
+    device: str
+    requests: tuple[str, ...] = ()
+    cdi_device_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["devices"] = [asdict(x) | {"requests": list(x.requests), "cdi_device_ids": list(x.cdi_device_ids)}
+                        for x in self.devices]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PreparedClaim:
+        return cls(
+            uid=str(d["uid"]), namespace=str(d["namespace"]), name=str(d["name"]),
+            devices=tuple(PreparedDevice(pool=str(x["pool"]), device=str(x["device"]),
+                                         requests=tuple(x.get("requests", ())),
+                                         cdi_device_ids=tuple(x.get("cdi_device_ids", ())))
+                          for x in d.get("devices", ())),
+        )
+
+
+def _checksum(claims: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class ClaimCheckpoint:
+    """The prepared-claims file of one driver, shared by all of its instances on the node."""
+
+    def __init__(self, path: str, lock_path: str, driver: str):
+        self.path = path
+        self.lock_path = lock_path
+        self.driver = driver
+
+    # -- file format ---------------------------------------------------------
+    def _read(self) -> dict[str, PreparedClaim]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return {}
+        fix = ("move it aside only after checking that no pod on this node uses a claim of "
+               f"{self.driver} (kubectl get resourceclaims -A), then restart the driver")
+        try:
+            data = json.loads(raw)
+            claims = data["claims"]
+            if data.get("version") != FORMAT_VERSION:
+                raise CheckpointError(f"checkpoint {self.path}: format version {data.get('version')!r} "
+                                      f"is not {FORMAT_VERSION} (written by another release?); {fix}")
+            if data.get("checksum") != _checksum(claims):
+                raise CheckpointError(f"checkpoint {self.path}: checksum mismatch (truncated or edited); {fix}")
+            return {uid: PreparedClaim.from_json(c) for uid, c in claims.items()}
+        except CheckpointError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"checkpoint {self.path}: not a valid checkpoint ({e}); {fix}") from None
+
+    def _write(self, claims: dict[str, PreparedClaim]) -> None:
+        body = {uid: c.to_json() for uid, c in sorted(claims.items())}
+        data = {"version": FORMAT_VERSION, "driver": self.driver, "claims": body, "checksum": _checksum(body)}
+        directory = os.path.dirname(self.path) or "."
+        fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _acquire(self) -> int:
+        """An exclusive flock on the lock file; closing the returned descriptor releases it."""
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    # -- operations (each one a locked read-modify-write) -------------------
+    def load(self) -> dict[str, PreparedClaim]:
+        """Read the file under the lock (blocking; for start-up and tests)."""
+        fd = self._acquire()
+        try:
+            return self._read()
+        finally:
+            os.close(fd)
+
+    def check(self) -> int:
+        """Raise CheckpointError if the file is unusable; else the number of prepared claims."""
+        return len(self.load())
+
+    def update_sync(self, change: Callable[[dict[str, PreparedClaim]], T]) -> T:
+        """Lock, read, `change(claims)` (may edit the dict), write back if it changed, unlock."""
+        fd = self._acquire()
+        try:
+            claims = self._read()
+            before = dict(claims)
+            result = change(claims)
+            if claims != before:
+                self._write(claims)
+            return result
+        finally:
+            os.close(fd)
+
+    async def update(self, change: Callable[[dict[str, PreparedClaim]], T]) -> T:
+        """`update_sync` in a worker thread, so a slow disk or the other instance holding the lock
+        never stalls the event loop.
+
+        Shielded: when the caller is cancelled (the kubelet's deadline passed) the
+        thread still finishes the whole locked section and releases the lock; a
+        half-done read-modify-write or a lock held forever cannot happen.
+        """
+        return await asyncio.shield(asyncio.to_thread(self.update_sync, change))

@@ -1,0 +1,140 @@
+"""The DRA driver of one node: kubelet side (registration, prepare/unprepare) and API side (slices).
+
+Start order matters: the DRA service must be serving before the registration
+socket appears, because the kubelet dials the endpoint as soon as it has
+registered us. Stop order is the reverse: the registration socket goes first
+(the kubelet deregisters this instance and, during a rolling update, falls
+back to the other one), then the service.
+
+What survives a restart of this process: the checkpoint (prepared claims) and
+the published slices. The kubelet re-registers us by itself when it restarts
+(its plugin watcher walks plugins_registry at start), so there is no socket
+watching here, unlike the device-plugin side.
+
+Wiring (for the daemon): with `include` selecting the devices whose resource
+is in DRA mode (and the device-plugin side leaving exactly those out),
+
+    api = await in_cluster_api()                       # plugin.dra.kubeapi; kubeconfig_api(path) outside a pod
+    driver = DraDriver(DraOptions(SliceOptions(node_name=NODE_NAME, include=in_dra_mode),
+                                  instance_id=POD_UID), api)
+    await driver.start(topology)                       # CheckpointError: exit 2, message names the file
+    driver.update(new_topology)                        # on every topology change (health, hot-plug)
+    await driver.stop(); await api.close()             # on SIGTERM
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from allocator.topology import NodeTopology
+
+from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from .cdi import ClaimCdi, MinimalClaimCdiWriter
+from .checkpoint import ClaimCheckpoint
+from .paths import DraPaths, new_instance_id
+from .prepare import ClaimPreparer
+from .publisher import SlicePublisher
+from .service import RegistrationService, add_dra_services
+from .slices import SliceOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DraOptions:
+    """Everything the DRA side needs; plain data, mapped from the config/CLI options model later."""
+
+    slices: SliceOptions
+    #: The kubelet's root directory (holds plugins_registry/ and plugins/).
+    kubelet_root: str = "/var/lib/kubelet"
+    #: Where CDI spec files go (the container runtime reads them).
+    cdi_root: str = "/var/run/cdi"
+    #: This instance's ID, normally the pod UID from the downward API; None: a random ID per process.
+    instance_id: str | None = None
+    #: Seconds between checks that the published slices are still there and current.
+    resync_s: float = 60.0
+
+    @property
+    def driver_name(self) -> str:
+        return self.slices.driver_name
+
+
+async def _serve(path: str, add: Any) -> grpc.aio.Server:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    add(server)
+    old_umask = os.umask(0o177)  # sockets 0600: only root (the kubelet) may talk to us
+    try:
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+    finally:
+        os.umask(old_umask)
+    return server
+
+
+class DraDriver:
+    def __init__(self, options: DraOptions, api: Any, cdi: ClaimCdi | None = None):
+        self.options = options
+        self.api = api
+        self.paths = DraPaths(os.path.abspath(options.kubelet_root), options.driver_name,
+                              options.instance_id or new_instance_id())
+        self.checkpoint = ClaimCheckpoint(self.paths.checkpoint, self.paths.lock, options.driver_name)
+        self.cdi = cdi or MinimalClaimCdiWriter(options.cdi_root, vendor=options.driver_name)
+        self.publisher = SlicePublisher(api, options.slices, resync_s=options.resync_s)
+        self.registration = RegistrationService(options.driver_name, self.paths.service_socket, self._on_registered)
+        self._topology: NodeTopology | None = None
+        self._service: grpc.aio.Server | None = None
+        self._registrar: grpc.aio.Server | None = None
+
+    @property
+    def topology(self) -> NodeTopology:
+        if self._topology is None:
+            raise RuntimeError("the DRA driver has not been started")
+        return self._topology
+
+    def _on_registered(self, registered: bool, error: str) -> None:
+        if registered:
+            # A (re)started kubelet wipes the node's slices at start: check ours soon.
+            self.publisher.trigger()
+
+    async def start(self, topology: NodeTopology) -> None:
+        """Serve and register; raises CheckpointError (naming the file) when the checkpoint is unusable."""
+        self._topology = topology
+        self.paths.make_dirs()
+        claims = self.checkpoint.check()
+        for path in self.paths.remove_stale_sockets():
+            log.info("removed a stale socket of an earlier instance", extra={"socket": path})
+        preparer = ClaimPreparer(options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi,
+                                 read_claim=self.api.get_claim, topology=lambda: self.topology)
+        self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer))
+        self._registrar = await _serve(self.paths.registration_socket,
+                                       lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))
+        self.publisher.start(topology)
+        log.info("DRA driver serving", extra={"driver": self.options.driver_name, "prepared_claims": claims,
+                                              "registration": self.paths.registration_socket,
+                                              "endpoint": self.paths.service_socket})
+
+    def update(self, topology: NodeTopology) -> None:
+        """A new topology: prepare answers from it at once, the slices follow."""
+        self._topology = topology
+        self.publisher.update(topology)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        registrar, self._registrar = self._registrar, None
+        service, self._service = self._service, None
+        if registrar is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.paths.registration_socket)
+            await registrar.stop(grace)
+        await self.publisher.stop()
+        if service is not None:
+            await service.stop(grace)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.paths.service_socket)

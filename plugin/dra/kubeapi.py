@@ -1,0 +1,142 @@
+"""The few API server calls the DRA driver makes, through lightkube's asyncio client.
+
+Why lightkube (`lightkube` + `lightkube-models` 1.37): the typed models of
+resource.k8s.io/v1 as served by a 1.37 API server (ResourceSlice with taints,
+binding conditions, counters...; ResourceClaim) and an asyncio client that
+runs on our loop, with auth (in-cluster service account, kubeconfig) and TLS
+of its own, in a few MB installed. The official `kubernetes` client does the
+same but installs about 125 MB of generated code, most of the product image's
+size budget. The rest of plugin/dra/ deals in JSON-shaped dicts (what the API
+documents); this module converts at the edge with the models' own
+`from_dict`/`to_dict`, so nothing else depends on the model classes.
+
+Errors: an error answer of the API server raises `KubeApiError`, whose
+`status` is the HTTP code (404, 409...) and `reason` the Status reason
+(`NotFound`, `Conflict`...), which is what the publisher and the claim
+preparer look at; network and TLS failures raise the errors of lightkube's
+HTTP layer (httpx2) unchanged.
+
+RBAC the driver needs (the chart adds it): `get` nodes; `get` resourceclaims;
+`list`, `create`, `update`, `delete` resourceslices.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx2
+import yaml
+from lightkube import AsyncClient, ConfigError, KubeConfig, SingleConfig
+from lightkube.config.kubeconfig import SERVICE_ACCOUNT
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+__all__ = ["KubeApi", "KubeApiError", "KubeConfigError", "in_cluster_api", "kubeconfig_api"]
+
+T = TypeVar("T")
+
+
+class KubeApiError(Exception):
+    """The API server answered with an error: `status` is the HTTP code, `reason` the Status reason."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"{status} {reason}: {message}" if message else f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class KubeConfigError(Exception):
+    """No usable API server configuration (not in a pod, unreadable kubeconfig...); the message says which."""
+
+
+async def _call(request: Awaitable[T]) -> T:
+    try:
+        return await request
+    except httpx2.HTTPStatusError as e:  # lightkube's ApiError is one; so is an answer it could not decode
+        status = _status_body(e.response)
+        raise KubeApiError(e.response.status_code, status.get("reason") or e.response.reason_phrase,
+                           status.get("message") or "") from e
+
+
+def _status_body(response: httpx2.Response) -> dict[str, Any]:
+    """The Status object of an error answer; lightkube decodes it only when the Content-Type is exactly
+    application/json, and a proxy in between may add a charset or answer with a page of its own."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) and body.get("kind") == "Status" else {}
+
+
+class KubeApi:
+    def __init__(self, client: AsyncClient):
+        self.client = client
+
+    async def node_uid(self, name: str) -> str:
+        node = await _call(self.client.get(Node, name))
+        return node.metadata.uid
+
+    async def list_slices(self, node_name: str, driver: str) -> list[dict[str, Any]]:
+        found = self.client.list(ResourceSlice, fields={"spec.nodeName": node_name, "spec.driver": driver})
+
+        async def collect() -> list[dict[str, Any]]:
+            return [s.to_dict() async for s in found]
+
+        return await _call(collect())
+
+    async def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        created = await _call(self.client.create(ResourceSlice.from_dict(obj)))
+        return created.to_dict()
+
+    async def replace_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT with the object's metadata.resourceVersion: a concurrent change gives 409 Conflict."""
+        replaced = await _call(self.client.replace(ResourceSlice.from_dict(obj)))
+        return replaced.to_dict()
+
+    async def delete_slice(self, name: str) -> None:
+        try:
+            await _call(self.client.delete(ResourceSlice, name))
+        except KubeApiError as e:
+            if e.status != 404:
+                raise
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        claim = await _call(self.client.get(ResourceClaim, name, namespace=namespace))
+        return claim.to_dict()
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _api(load: Callable[[], KubeConfig | SingleConfig], where: str) -> KubeApi:
+    try:
+        config = load()
+    except (ConfigError, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
+        raise KubeConfigError(f"{where}: {type(e).__name__}: {e}") from None
+    return KubeApi(AsyncClient(config, lazy=False))
+
+
+async def in_cluster_api(service_account: str = SERVICE_ACCOUNT) -> KubeApi:
+    """The API through the pod's service account (what the DaemonSet uses).
+
+    The token file is re-read when the API server answers 401 (the kubelet
+    rotates projected service account tokens); the CA is the service
+    account's ca.crt; the address comes from KUBERNETES_SERVICE_HOST/PORT.
+    """
+    missing = [v for v in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT") if not os.environ.get(v)]
+    if missing:
+        raise KubeConfigError(f"not running in a pod: {' and '.join(missing)} not set "
+                              "(give a kubeconfig file to run outside the cluster)")
+    return _api(lambda: KubeConfig.from_service_account(service_account),
+                f"in-cluster configuration from {service_account}")
+
+
+async def kubeconfig_api(path: str, context: str | None = None) -> KubeApi:
+    """The API as a kubeconfig file says (tests, e2e, the driver run outside the cluster).
+
+    `context` None: the file's current-context.
+    """
+    return _api(lambda: KubeConfig.from_file(path).get(context), f"kubeconfig {path}")

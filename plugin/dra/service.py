@@ -1,0 +1,125 @@
+"""The gRPC services the kubelet calls: DRAPlugin (v1 and v1beta1) and the plugin watcher's Registration.
+
+Why both DRA versions: the kubelet picks the first entry of our
+`supported_versions` it knows ("v1.DRAPlugin" on 1.34+, "v1beta1.DRAPlugin"
+on older kubelets), so one driver binary works across the supported
+Kubernetes versions. Both services share one `ClaimPreparer`; only the
+message classes differ (v1 adds Device.share_id, which we never set:
+consumable capacity is not offered).
+
+Every per-claim problem goes into that claim's `error` field; the RPC itself
+fails only for a malformed request (INVALID_ARGUMENT naming the problem).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from types import ModuleType
+
+import grpc
+
+from ..api.dra.v1 import api_pb2 as dra_v1
+from ..api.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from ..api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from ..api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from ..api.pluginregistration.v1 import api_pb2 as reg_pb2
+from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from .prepare import ClaimPreparer, ClaimRef, PrepareError
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+#: Newest first: the kubelet takes the first one it supports.
+SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
+    class DraService(grpc_mod.DRAPluginServicer):  # type: ignore[name-defined,misc]
+        def __init__(self, preparer: ClaimPreparer):
+            self.preparer = preparer
+
+        async def _claims(self, request, context) -> list[ClaimRef]:
+            refs = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
+            uids = [r.uid for r in refs]
+            if len(set(uids)) != len(uids):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a claim UID is listed twice")
+            return refs
+
+        async def NodePrepareResources(self, request, context):  # noqa: N802 (gRPC names)
+            refs = await self._claims(request, context)
+            results = await asyncio.gather(*(self._prepare(r) for r in refs))
+            resp = pb2.NodePrepareResourcesResponse()
+            for ref, entry in zip(refs, results):
+                resp.claims[ref.uid].CopyFrom(entry)
+            return resp
+
+        async def _prepare(self, ref: ClaimRef):
+            try:
+                prepared = await self.preparer.prepare(ref)
+            except PrepareError as e:
+                log.warning("prepare failed", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
+                                                     "reason": str(e), "api": version})
+                return pb2.NodePrepareResourceResponse(error=str(e))
+            except Exception as e:  # noqa: BLE001 (a request must never take the driver down)
+                log.exception("prepare failed unexpectedly", extra={"uid": ref.uid})
+                return pb2.NodePrepareResourceResponse(error=f"internal error: {type(e).__name__}: {e}")
+            return pb2.NodePrepareResourceResponse(devices=[
+                pb2.Device(request_names=list(d.requests), pool_name=d.pool, device_name=d.device,
+                           cdi_device_ids=list(d.cdi_device_ids))
+                for d in prepared.devices])
+
+        async def NodeUnprepareResources(self, request, context):  # noqa: N802
+            refs = await self._claims(request, context)
+            results = await asyncio.gather(*(self._unprepare(r) for r in refs))
+            resp = pb2.NodeUnprepareResourcesResponse()
+            for ref, error in zip(refs, results):
+                resp.claims[ref.uid].CopyFrom(pb2.NodeUnprepareResourceResponse(error=error))
+            return resp
+
+        async def _unprepare(self, ref: ClaimRef) -> str:
+            try:
+                await self.preparer.unprepare(ref)
+            except Exception as e:  # noqa: BLE001
+                log.warning("unprepare failed", extra={"uid": ref.uid, "reason": str(e), "api": version})
+                return str(e) if isinstance(e, PrepareError) else f"internal error: {type(e).__name__}: {e}"
+            return ""
+
+    DraService.__name__ = f"DraService_{version}"
+    return DraService
+
+
+DraServiceV1 = _servicer(dra_v1, dra_v1_grpc, "v1")
+DraServiceV1beta1 = _servicer(dra_v1beta1, dra_v1beta1_grpc, "v1beta1")
+
+
+def add_dra_services(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
+    dra_v1_grpc.add_DRAPluginServicer_to_server(DraServiceV1(preparer), server)
+    dra_v1beta1_grpc.add_DRAPluginServicer_to_server(DraServiceV1beta1(preparer), server)
+
+
+class RegistrationService(reg_grpc.RegistrationServicer):
+    """Answers the plugin watcher: who we are and where the DRA service listens."""
+
+    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None] | None = None):
+        self.driver = driver
+        self.endpoint = endpoint
+        self.on_status = on_status
+        #: (registered, error) of the last NotifyRegistrationStatus; None before the first.
+        self.status: tuple[bool, str] | None = None
+
+    async def GetInfo(self, request, context):  # noqa: N802
+        return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint,
+                                  supported_versions=list(SUPPORTED_SERVICES))
+
+    async def NotifyRegistrationStatus(self, request, context):  # noqa: N802
+        self.status = (request.plugin_registered, request.error)
+        if request.plugin_registered:
+            log.info("registered with the kubelet", extra={"driver": self.driver, "endpoint": self.endpoint})
+        else:
+            log.error("the kubelet refused the registration",
+                      extra={"driver": self.driver, "endpoint": self.endpoint, "reason": request.error})
+        if self.on_status is not None:
+            self.on_status(request.plugin_registered, request.error)
+        return reg_pb2.RegistrationStatusResponse()

@@ -1,0 +1,274 @@
+"""ResourceSlices (resource.k8s.io/v1) for a node's devices, built from its topology.
+
+Why a pure function: what the scheduler sees must follow from the topology
+alone, so the same code answers `discover`-style questions offline, is checked
+against the API server's own validation in a test, and is what the publisher
+writes. The publisher adds nothing but object metadata it learns from the API
+(resourceVersion).
+
+Attributes (resource.k8s.io/v1, Kubernetes 1.37):
+
+- standard (`resource.kubernetes.io/`, k8s.io/dynamic-resource-allocation
+  deviceattribute): `pciBusID` (string, `dddd:bb:dd.f`, lower case),
+  `pcieRoot` (string, `pci<domain>:<bus>`), `numaNode` (scalar int; left out
+  when the kernel gives no NUMA node, as that package requires);
+- ours, in the driver's domain (unqualified names belong to it): `type`
+  (`gpu`/`nic`), `index`, `uuid`, `model`, `minor`, `pcieSwitch` (devices
+  pairwise `PIX`), `nvlinkDomain` (NVLink connected component); for NICs
+  `netdev`, `rdma`, `pf` (the physical function/port it belongs to), `vf`,
+  `vfIndex`, `linkType`, `driver`. GPU memory is the capacity `memory`.
+
+Unhealthy devices: with `unhealthy="taint"` (default) they stay in the slice
+with a `NoSchedule` taint `<driver>/unhealthy` (device taints are GA in 1.37),
+so operators still see them and pods already using them keep running; with
+`"remove"` they are left out (for API servers where the DRADeviceTaints gate
+is off: such a server silently drops the taint, which would advertise a bad
+device as good; the publisher notices that and switches to `"remove"`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocator.topology import Device, DeviceKind, NodeTopology
+
+from ..resources import simulated_uuid
+from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
+
+API_VERSION = "resource.k8s.io/v1"
+KIND = "ResourceSlice"
+STANDARD_PREFIX = "resource.kubernetes.io/"
+ATTR_PCI_BUS_ID = STANDARD_PREFIX + "pciBusID"
+ATTR_PCIE_ROOT = STANDARD_PREFIX + "pcieRoot"
+ATTR_NUMA_NODE = STANDARD_PREFIX + "numaNode"
+UNHEALTHY_POLICIES = ("taint", "remove")
+#: Devices per slice when any device may carry a taint (ResourceSliceMaxDevicesWithAdvancedFeatures).
+MAX_DEVICES_PER_SLICE = 64
+MANAGED_BY = "topo-device-plugin"
+
+_BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_ROOT_RE = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
+_DNS_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
+_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _everything(_: Device) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class SliceOptions:
+    """What to publish and under which names. Plain data: the config layer maps its keys onto it."""
+
+    #: Node the slices describe (spec.nodeName); also the default pool name.
+    node_name: str
+    #: DRA driver name; also the domain of our attributes and of the unhealthy taint.
+    driver_name: str = "topo.dev"
+    #: Pool name; default: the node name (one pool per node, as node-local drivers do).
+    pool_name: str | None = None
+    #: Which devices are served through DRA (the others stay with the device-plugin side).
+    include: Callable[[Device], bool] = field(default=_everything, compare=False)
+    #: `taint` or `remove` (see the module docstring).
+    unhealthy: str = "taint"
+    max_devices_per_slice: int = MAX_DEVICES_PER_SLICE
+
+    def __post_init__(self) -> None:
+        check_driver_name(self.driver_name)
+        if not self.node_name or not _SUBDOMAIN_RE.match(self.node_name) or len(self.node_name) > 253:
+            raise ValueError(f"node name {self.node_name!r} is not a DNS subdomain (the name of a Node object)")
+        if self.pool_name is not None and not all(_SUBDOMAIN_RE.match(p) for p in self.pool_name.split("/")):
+            raise ValueError(f"pool name {self.pool_name!r}: want DNS subdomains separated by '/'")
+        if self.unhealthy not in UNHEALTHY_POLICIES:
+            raise ValueError(f"unhealthy policy {self.unhealthy!r} is not one of {', '.join(UNHEALTHY_POLICIES)}")
+        if not 1 <= self.max_devices_per_slice <= MAX_DEVICES_PER_SLICE:
+            raise ValueError(f"max_devices_per_slice must be 1..{MAX_DEVICES_PER_SLICE}")
+
+    @property
+    def pool(self) -> str:
+        return self.pool_name or self.node_name
+
+
+def check_driver_name(name: str) -> None:
+    """A DRA driver name is a lower-case DNS subdomain of at most 63 characters (DriverNameMaxLength)."""
+    if not _SUBDOMAIN_RE.match(name) or len(name) > 63 or "." not in name:
+        raise ValueError(f"DRA driver name {name!r}: want a lower-case DNS subdomain with a domain you own "
+                         "(at most 63 characters), e.g. topo.dev")
+
+
+def device_name(d: Device) -> str:
+    """The device's name in the slice: a DNS label, stable for the device (`gpu-0`, `nic-mlx5-0`)."""
+    if d.kind == DeviceKind.GPU:
+        return f"gpu-{d.index}"
+    base = _DNS_LABEL_BAD.sub("-", d.name.lower()).strip("-") or str(d.index)
+    name = f"nic-{base}"
+    return name if len(name) <= 63 else f"nic-{d.index}-{hashlib.sha256(d.name.encode()).hexdigest()[:12]}"
+
+
+def _s(value: str) -> dict[str, str]:
+    return {"string": value[:MAX_VALUE_LENGTH]}
+
+
+def _standard_attributes(d: Device, pcie_root: str | None) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    if d.pci_bus_id and _BDF_RE.match(d.pci_bus_id.lower()):
+        attrs[ATTR_PCI_BUS_ID] = _s(d.pci_bus_id.lower())
+    if pcie_root:
+        attrs[ATTR_PCIE_ROOT] = _s(pcie_root)
+    if d.numa is not None and d.numa >= 0:
+        attrs[ATTR_NUMA_NODE] = {"int": d.numa}
+    return attrs
+
+
+def pcie_roots(topology: NodeTopology) -> dict[str, str]:
+    """{device name: `pci<domain>:<bus>`} where it can be told.
+
+    A root the source read from sysfs (`pcie_root` attribute) wins and is
+    shared with the rest of the device's root-complex group. A group of
+    devices with no PCI address at all (a simulated node) gets a made-up root
+    consistent with its links; a real device whose root is unknown gets none.
+    """
+    out: dict[str, str] = {}
+    synthetic: list[list[Device]] = []
+    for group in sorted(root_complex_groups(topology), key=lambda g: min(x.name for x in g)):
+        known = sorted({d.attributes.get("pcie_root", "") for d in group} - {""})
+        known = [r for r in known if _ROOT_RE.match(r)]
+        for d in group:
+            own = d.attributes.get("pcie_root", "")
+            if own and _ROOT_RE.match(own):
+                out[d.name] = own
+            elif known:
+                out[d.name] = known[0]
+        if not known and all(d.pci_bus_id is None for d in group):
+            synthetic.append(group)
+    used = set(out.values())
+    bus = 0
+    for group in synthetic:
+        while f"pci0000:{bus:02x}" in used:
+            bus += 1
+        for d in group:
+            out[d.name] = f"pci0000:{bus:02x}"
+        used.add(f"pci0000:{bus:02x}")
+        bus += 1
+    return out
+
+
+def _gpu_attributes(topology: NodeTopology, d: Device) -> tuple[dict[str, Any], dict[str, Any]]:
+    attrs: dict[str, Any] = {
+        "type": _s("gpu"),
+        "index": {"int": d.index},
+        "uuid": _s(d.uuid or simulated_uuid(topology.source, d.name)),
+    }
+    if d.model:
+        attrs["model"] = _s(d.model)
+    if d.minor is not None:
+        attrs["minor"] = {"int": d.minor}
+    capacity = {"memory": {"value": f"{d.memory_mib}Mi"}} if d.memory_mib else {}
+    return attrs, capacity
+
+
+def _nic_attributes(d: Device) -> dict[str, Any]:
+    a: Mapping[str, str] = d.attributes
+    attrs: dict[str, Any] = {"type": _s("nic"), "index": {"int": d.index}}
+    if d.model:
+        attrs["model"] = _s(d.model)
+    if a.get("netdev"):
+        attrs["netdev"] = _s(a["netdev"])
+    if "rdma" in a:
+        attrs["rdma"] = {"bool": a["rdma"] == "true"}
+    is_vf = bool(a.get("pf"))
+    pf = a.get("pf") or d.port
+    if pf:
+        attrs["pf"] = _s(pf)
+    if a or d.port:
+        attrs["vf"] = {"bool": is_vf}
+    if is_vf and a.get("vf_index", "").isdigit():
+        attrs["vfIndex"] = {"int": int(a["vf_index"])}
+    if a.get("link_type"):
+        attrs["linkType"] = _s(a["link_type"])
+    if a.get("driver"):
+        attrs["driver"] = _s(a["driver"])
+    return attrs
+
+
+def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[str, Any]]:
+    """The `spec.devices` entries for every included device, GPUs first, in index order."""
+    switches = membership(pcie_switch_groups(topology), "pix")
+    nvlink = membership(nvlink_domains(topology), "nvlink")
+    roots = pcie_roots(topology)
+    chosen = [d for d in topology.devices if options.include(d)]
+    chosen.sort(key=lambda d: (d.kind != DeviceKind.GPU, d.index, d.name))
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for d in chosen:
+        if not d.healthy and options.unhealthy == "remove":
+            continue
+        name = device_name(d)
+        if name in names:
+            raise ValueError(f"devices {names[name]!r} and {d.name!r} both map to the slice device name {name!r}")
+        names[name] = d.name
+        capacity: dict[str, Any] = {}
+        if d.kind == DeviceKind.GPU:
+            attrs, capacity = _gpu_attributes(topology, d)
+        else:
+            attrs = _nic_attributes(d)
+        if d.name in switches:
+            attrs["pcieSwitch"] = _s(switches[d.name])
+        if d.name in nvlink:
+            attrs["nvlinkDomain"] = _s(nvlink[d.name])
+        attrs.update(_standard_attributes(d, roots.get(d.name)))
+        entry: dict[str, Any] = {"name": name, "attributes": dict(sorted(attrs.items()))}
+        if capacity:
+            entry["capacity"] = capacity
+        if not d.healthy:
+            entry["taints"] = [{"key": f"{options.driver_name}/unhealthy", "value": d.health,
+                                "effect": "NoSchedule"}]
+        out.append(entry)
+    return out
+
+
+def slice_name(options: SliceOptions, index: int) -> str:
+    return f"{options.node_name}-{options.driver_name}-{index}"
+
+
+def build_resource_slices(
+    topology: NodeTopology, options: SliceOptions, *, generation: int = 1, node_uid: str | None = None,
+) -> list[dict[str, Any]]:
+    """The node's ResourceSlice objects (JSON-shaped dicts) for one pool generation.
+
+    At least one slice is returned even with no device: an empty pool tells
+    the scheduler "this node has none", which is different from "not known".
+    `node_uid` (when known) makes the Node the owner, so the slices go when
+    the node object does.
+    """
+    if generation < 1:
+        raise ValueError("pool generation starts at 1")
+    devices = build_devices(topology, options)
+    chunks = [devices[i:i + options.max_devices_per_slice]
+              for i in range(0, len(devices), options.max_devices_per_slice)] or [[]]
+    out = []
+    for i, chunk in enumerate(chunks):
+        meta: dict[str, Any] = {
+            "name": slice_name(options, i),
+            "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
+        }
+        if node_uid:
+            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": options.node_name,
+                                        "uid": node_uid, "controller": True}]
+        spec: dict[str, Any] = {
+            "driver": options.driver_name,
+            "nodeName": options.node_name,
+            "pool": {"name": options.pool, "generation": generation, "resourceSliceCount": len(chunks)},
+        }
+        if chunk:
+            spec["devices"] = chunk
+        out.append({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec})
+    return out
+
+
+def device_table(topology: NodeTopology, options: SliceOptions) -> dict[str, Device]:
+    """{slice device name: Device} for the devices this driver serves (healthy or not)."""
+    return {device_name(d): d for d in topology.devices if options.include(d)}

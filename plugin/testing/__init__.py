@@ -1,1 +1,0 @@
-"""Test helpers shipped with the package (so `discover` demos and CI use the same fixtures)."""

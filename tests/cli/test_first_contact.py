@@ -1,0 +1,88 @@
+"""A new user's first ten minutes: the README's commands work as typed, mistakes get a hint, no tracebacks."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from plugin.cli import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def using_it_commands() -> list[str]:
+    """The shell lines of the README's "Using it" block, continuation lines joined."""
+    section = README.read_text().split("## Using it", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [c.strip() for c in re.sub(r"\\\n\s*", " ", block).splitlines() if c.strip()]
+
+
+def test_readme_using_it_commands_work_as_typed():
+    """Every command runs as written in a fresh shell, after the README's own set-up line.
+
+    `serve` is left out: it would write to the real /var/lib/kubelet (it is covered by tests/daemon).
+    """
+    lines = using_it_commands()
+    setup = [c for c in lines if not c.startswith("topo-device-plugin")]
+    commands = [c for c in lines if c.startswith("topo-device-plugin ") and c.split()[1] != "serve"]
+    assert setup and len(commands) >= 4, lines
+    assert (ROOT / ".venv" / "bin" / "activate").exists(), "the README's set-up (scripts/test.sh) makes .venv"
+    for command in commands:
+        script = "\n".join([*setup, command])
+        proc = subprocess.run(["bash", "-ec", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(pathlib.Path.home())})
+        assert proc.returncode == 0, f"$ {command}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+
+
+def test_readme_says_what_the_test_command_needs():
+    text = README.read_text().split("## Using it", 1)[0]
+    for need in ("root", "Go", "Debian", "30 minutes"):
+        assert need in text, need
+
+
+def test_an_index_id_under_uuid_ids_suggests_the_index_strategy():
+    base = ["explain", "--simulate", "dgx-a100", "--policy", "restricted", "--request", "nvidia.com/gpu=4"]
+    r = CliRunner().invoke(cli, [*base, "--allocated", "0,1"])
+    assert r.exit_code == 2 and "no device has ID '0'" in r.output and "--device-id-strategy index" in r.output
+    r = CliRunner().invoke(cli, [*base, "--device-id-strategy", "index", "--allocated", "GPU-nope"])
+    assert r.exit_code == 2 and "valid IDs: 0, 1, 2" in r.output
+
+
+def test_demo_with_a_bad_simulate_file_exits_2_without_a_traceback(tmp_path):
+    bad = tmp_path / "node.txt"
+    bad.write_text("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV9x\t0-1\nGPU1\tNV9x\t X \t0-1\n")
+    proc = subprocess.run([sys.executable, "-m", "plugin", "demo", "--simulate", str(bad)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out and f"{bad}:2" in out and "'NV9x'" in out
+
+
+def test_counts_are_spelled_right(tmp_path):
+    node = tmp_path / "node.yaml"
+    node.write_text("apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\n"
+                    "gpus: [{name: GPU0, numa: 0}]\nnics: [{name: mlx5_0, numa: 0}]\n")
+    r = CliRunner().invoke(cli, ["discover", "--simulate", str(node)])
+    assert r.exit_code == 0 and "1 GPU, 1 NIC," in r.output, r.output
+
+
+def test_demo_installs_like_the_test_command():
+    def install(script: str) -> str:
+        line = next(x for x in (ROOT / "scripts" / script).read_text().splitlines()
+                    if "pip install" in x and "--upgrade pip" not in x)
+        return line.replace("'.[test]'", ".")
+
+    assert install("demo.sh") == install("test.sh")
+
+
+def test_one_cache_directory_variable():
+    users = [p for pattern in ("scripts/*.sh", "tests/**/*.sh", "tests/**/*.py") for p in ROOT.glob(pattern)]
+    other = [str(p.relative_to(ROOT)) for p in users if re.search(r"TOPO_DP_CACHE(?!_DIR)", p.read_text())
+             and p.name != "test_first_contact.py"]
+    assert not other, f"use TOPO_DP_CACHE_DIR: {other}"
+    assert any("TOPO_DP_CACHE_DIR" in p.read_text() for p in users)

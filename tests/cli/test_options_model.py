@@ -1,0 +1,100 @@
+"""One declaration per option: the CLI, the config file's schema, the chart's values schema and the docs agree.
+
+Adding an option is one entry in plugin/config/flags.py; a surface that drifts
+from it (a hand-added flag, a schema key, a chart value, a stale docs table) fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from plugin.cli import cli
+from plugin.config import schema
+from plugin.config.flags import OPTIONS, options_for
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+COMMANDS = sorted(cli.commands)
+JSON_TYPE = {"bool": "boolean", "number": "number", "text": "string", "address": "string"}
+
+
+def params(command: str) -> dict[str, click.Parameter]:
+    return {p.name: p for p in cli.commands[command].params}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_declared_option_is_a_flag_of_its_commands(command):
+    ps = params(command)
+    for o in options_for(command):
+        p = ps.get(o.dest)
+        assert p is not None, f"{command} lacks {o.flag}"
+        assert o.flag in p.opts and p.envvar == o.env, (command, o.name, p.opts, p.envvar)
+        assert p.default == o.default_for(command), (command, o.name)
+        if o.choices and o.kind == "choice":
+            assert list(p.type.choices) == list(o.choices), (command, o.name)
+        if o.kind == "bool":
+            assert p.is_flag and p.secondary_opts == [f"--no-{o.flag[2:]}"], (command, o.name)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_command_has_an_undeclared_setting(command):
+    """Every TOPO_DP_ variable a command reads is a declared option or one of its own what-if arguments."""
+    declared = {o.env for o in options_for(command)}
+    others = {o.env for o in OPTIONS} - declared
+    envs = {p.envvar for p in cli.commands[command].params if p.envvar}
+    assert not envs & others, f"{command} reads {envs & others} without declaring it"
+
+
+def test_config_schema_flags_are_the_declared_options():
+    flags = schema()["properties"]["flags"]
+    assert flags["additionalProperties"] is False
+    props = flags["properties"]
+    assert set(props) == {o.key for o in OPTIONS if o.key}
+    for o in OPTIONS:
+        if not o.key:
+            continue
+        if o.kind == "choice":
+            assert props[o.key]["enum"] == list(o.choices)
+        elif o.kind == "choice-list":
+            assert props[o.key]["oneOf"][0]["enum"] == list(o.choices)
+        else:
+            assert props[o.key]["type"] == JSON_TYPE[o.kind], o.key
+
+
+def test_chart_values_schema_agrees_with_the_declarations():
+    chart = json.loads((ROOT / "charts" / "topo-device-plugin" / "values.schema.json").read_text())
+    props = chart["properties"]["config"]["properties"]["flags"]["properties"]
+    wanted = {o.key: o for o in OPTIONS if o.key and not o.chart_managed}
+    assert set(props) == set(wanted), f"chart only: {set(props) - set(wanted)}, daemon only: {set(wanted) - set(props)}"
+    for key, o in wanted.items():
+        spec = props[key]
+        if o.kind == "choice":
+            assert spec["enum"] == list(o.choices), key
+        elif o.kind == "choice-list":
+            assert "oneOf" in spec, key
+        else:
+            assert spec["type"] == JSON_TYPE[o.kind], key
+
+
+def test_docs_options_table_is_current():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "options_docs.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_serve_only_options_come_from_the_config_file_too(tmp_path):
+    """flag > env > file > default holds for serve-only options: here the demo's log level from the file."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("version: v1\nflags:\n  logLevel: debug\n")
+    r = CliRunner().invoke(cli, ["demo", "--config", str(cfg), "--simulate", "pcie-2socket-4gpu-2nic"])
+    assert r.exit_code == 0, r.output
+    assert "registered with the kubelet" in r.output  # an INFO line: the file's debug level was applied
+    r = CliRunner().invoke(cli, ["demo", "--config", str(cfg), "--simulate", "pcie-2socket-4gpu-2nic"],
+                           env={"TOPO_DP_LOG_LEVEL": "warning"})
+    assert r.exit_code == 0 and "registered with the kubelet" not in r.output

@@ -1,0 +1,194 @@
+"""A small in-process stand-in for the Kubernetes API server, for the DRA driver's API side.
+
+Why a stand-in here: these tests run where no API server exists (the real
+single-node cluster proof is tests/e2e). It answers the API's REST paths that
+the driver uses (Node get; ResourceSlice list with field selectors, create,
+replace, delete; ResourceClaim get) over real HTTP, as the API server does:
+JSON bodies with `Content-Type: application/json`, errors as Status objects
+(404 NotFound, 409 Conflict on a stale resourceVersion in a PUT, 409
+AlreadyExists on create), optionally a bearer token to check and TLS. It
+keeps the server's rules that the driver relies on: `timeAdded` set on taints
+and (with `drop_taints`) the field dropping of a server whose DRADeviceTaints
+gate is off. What it does not do is validation: that is checked against the
+real API server code by tests/dra/validate.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import itertools
+import json
+import pathlib
+import ssl
+import uuid
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+#: What the API server sends with JSON (aiohttp's json_response would add "; charset=utf-8").
+JSON = "application/json"
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(obj).encode(), status=status, headers={"Content-Type": JSON})
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    return _json({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
+                  "reason": reason, "message": message}, code)
+
+
+class ApiServerStandIn:
+    def __init__(self, node_name: str = "node-a"):
+        self.nodes: dict[str, dict[str, Any]] = {
+            node_name: {"apiVersion": "v1", "kind": "Node",
+                        "metadata": {"name": node_name, "uid": str(uuid.uuid4())}}}
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.drop_taints = False
+        #: The Content-Type of every answer (a proxy in between may change it).
+        self.content_type = JSON
+        #: When set, requests without `Authorization: Bearer <token>` get 401 (as with a rotated token).
+        self.token: str | None = None
+        #: The Authorization header of every request, in order.
+        self.authorizations: list[str | None] = []
+        #: Every mutating request: (method, name).
+        self.writes: list[tuple[str, str]] = []
+        self._rv = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # -- test helpers -----------------------------------------------------
+    def add_claim(self, namespace: str, name: str, results: list[dict[str, Any]] | None) -> str:
+        uid = str(uuid.uuid4())
+        claim: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                 "metadata": {"name": name, "namespace": namespace, "uid": uid},
+                                 "spec": {"devices": {"requests": []}}}
+        if results is not None:
+            claim["status"] = {"allocation": {"devices": {"results": results}}}
+        self.claims[(namespace, name)] = claim
+        return uid
+
+    def node_uid(self, name: str) -> str:
+        return self.nodes[name]["metadata"]["uid"]
+
+    # -- server -------------------------------------------------------------
+    @web.middleware
+    async def _http(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.authorizations.append(request.headers.get("Authorization"))
+        if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
+            response: web.StreamResponse = _status(401, "Unauthorized", "Unauthorized")
+        else:
+            response = await handler(request)
+        response.headers["Content-Type"] = self.content_type
+        return response
+
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> str:
+        app = web.Application(middlewares=[self._http])
+        app.router.add_get("/api/v1/nodes/{name}", self._get_node)
+        app.router.add_get(SLICES, self._list_slices)
+        app.router.add_post(SLICES, self._create_slice)
+        app.router.add_get(SLICES + "/{name}", self._get_slice)
+        app.router.add_put(SLICES + "/{name}", self._replace_slice)
+        app.router.add_delete(SLICES + "/{name}", self._delete_slice)
+        app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", self._get_claim)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ssl_context)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _get_node(self, request: web.Request) -> web.Response:
+        node = self.nodes.get(request.match_info["name"])
+        return _json(node) if node else _status(404, "NotFound", "node not found")
+
+    async def _get_claim(self, request: web.Request) -> web.Response:
+        claim = self.claims.get((request.match_info["ns"], request.match_info["name"]))
+        if claim is None:
+            return _status(404, "NotFound", f"resourceclaims.resource.k8s.io \"{request.match_info['name']}\" not found")
+        return _json(claim)
+
+    async def _list_slices(self, request: web.Request) -> web.Response:
+        want = {}
+        for term in filter(None, request.query.get("fieldSelector", "").split(",")):
+            k, _, v = term.partition("=")
+            want[k] = v
+        items = []
+        for s in self.slices.values():
+            have = {"spec.nodeName": s["spec"].get("nodeName"), "spec.driver": s["spec"]["driver"],
+                    "spec.pool.name": s["spec"]["pool"]["name"]}
+            if all(have.get(k) == v for k, v in want.items()):
+                items.append(s)
+        return _json({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+                                  "metadata": {"resourceVersion": str(next(self._rv))}, "items": items})
+
+    def _store(self, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj["metadata"]
+        meta["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
+        meta["resourceVersion"] = str(next(self._rv))
+        meta["generation"] = (old["metadata"]["generation"] + (old["spec"] != obj["spec"])) if old else 1
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for d in obj["spec"].get("devices", ()):
+            if self.drop_taints:
+                d.pop("taints", None)
+            for t in d.get("taints", ()):
+                t.setdefault("timeAdded", now)
+        self.slices[meta["name"]] = obj
+        return obj
+
+    async def _create_slice(self, request: web.Request) -> web.Response:
+        obj = await request.json()
+        name = obj["metadata"].get("name")
+        if not name:
+            return _status(422, "Invalid", "metadata.name: Required value")
+        if name in self.slices:
+            return _status(409, "AlreadyExists", f"resourceslices.resource.k8s.io \"{name}\" already exists")
+        self.writes.append(("POST", name))
+        return _json(self._store(obj, None), status=201)
+
+    async def _get_slice(self, request: web.Request) -> web.Response:
+        s = self.slices.get(request.match_info["name"])
+        return _json(s) if s else _status(404, "NotFound", "not found")
+
+    async def _replace_slice(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        obj = await request.json()
+        old = self.slices.get(name)
+        if old is None:
+            return _status(404, "NotFound", f"resourceslices.resource.k8s.io \"{name}\" not found")
+        if obj["metadata"].get("resourceVersion") != old["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", "the object has been modified; please apply your changes "
+                                            "to the latest version and try again")
+        self.writes.append(("PUT", name))
+        return _json(self._store(obj, old))
+
+    async def _delete_slice(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        old = self.slices.pop(name, None)
+        if old is None:
+            return _status(404, "NotFound", f"resourceslices.resource.k8s.io \"{name}\" not found")
+        self.writes.append(("DELETE", name))
+        return _json(old)
+
+
+def write_kubeconfig(path: pathlib.Path, server: str, user: dict | None = None, ca: str | None = None) -> str:
+    """A kubeconfig with one cluster, one user and a current context, as kubectl writes it."""
+    cluster = {"server": server, **({"certificate-authority": ca} if ca else {})}
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "standin",
+              "clusters": [{"name": "standin", "cluster": cluster}],
+              "users": [{"name": "driver", "user": user or {"token": "standin-token"}}],
+              "contexts": [{"name": "standin", "context": {"cluster": "standin", "user": "driver"}}]}
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return str(path)

@@ -1,0 +1,104 @@
+"""The prepared-claims checkpoint: atomic, shared safely by two driver instances, refusing damage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import threading
+
+import pytest
+
+from plugin.dra.checkpoint import CheckpointError, ClaimCheckpoint, PreparedClaim, PreparedDevice
+
+
+def _cp(tmp_path) -> ClaimCheckpoint:
+    return ClaimCheckpoint(str(tmp_path / "checkpoint.json"), str(tmp_path / "serialize.lock"), "topo.dev")
+
+
+def _claim(uid: str) -> PreparedClaim:
+    return PreparedClaim(uid, "ns", f"claim-{uid}",
+                         (PreparedDevice("node-a", "gpu-0", ("gpus",), (f"topo.dev/claim={uid}-gpu-0",)),))
+
+
+async def test_round_trip_and_file_hygiene(tmp_path):
+    cp = _cp(tmp_path)
+    assert cp.load() == {}
+    await cp.update(lambda claims: claims.update(u1=_claim("u1")))
+    assert cp.load() == {"u1": _claim("u1")}
+    assert stat.S_IMODE(os.stat(cp.path).st_mode) == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.json", "serialize.lock"]  # no temp file left behind
+    data = json.loads(open(cp.path, encoding="utf-8").read())
+    assert data["version"] == 1 and data["driver"] == "topo.dev" and list(data["claims"]) == ["u1"]
+
+
+async def test_a_change_that_fails_writes_nothing(tmp_path):
+    cp = _cp(tmp_path)
+    await cp.update(lambda claims: claims.update(u1=_claim("u1")))
+
+    def half_way(claims):
+        claims["u2"] = _claim("u2")
+        raise RuntimeError("preparing failed half-way")
+
+    with pytest.raises(RuntimeError):
+        await cp.update(half_way)
+    assert list(cp.load()) == ["u1"]
+
+
+async def test_a_cancelled_caller_neither_tears_the_change_nor_keeps_the_lock(tmp_path):
+    cp = _cp(tmp_path)
+    started, release = threading.Event(), threading.Event()
+
+    def slow(claims):
+        started.set()
+        release.wait(60)
+        claims["u1"] = _claim("u1")
+
+    task = asyncio.create_task(cp.update(slow))
+    await asyncio.to_thread(started.wait, 60)
+    task.cancel()  # e.g. the kubelet's deadline passed
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    # The change completes and the lock is free again: the next change goes through.
+    await cp.update(lambda claims: claims.update(u2=_claim("u2")))
+    assert sorted(cp.load()) == ["u1", "u2"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"version": 1, "claims": {}, "checksum": "bad"}', "checksum mismatch"),
+    ('{"version": 9, "claims": {}, "checksum": "x"}', "format version 9"),
+    ('{"claims": ', "not a valid checkpoint"),
+    ('[]', "not a valid checkpoint"),
+])
+def test_damaged_files_are_refused_with_the_file_and_the_fix(tmp_path, text, message):
+    cp = _cp(tmp_path)
+    with open(cp.path, "w", encoding="utf-8") as f:
+        f.write(text)
+    with pytest.raises(CheckpointError) as e:
+        cp.check()
+    assert message in str(e.value) and cp.path in str(e.value) and "restart the driver" in str(e.value)
+
+
+def test_two_instances_never_lose_each_others_claims(tmp_path):
+    """Two driver instances (separate file descriptions, separate loops) add claims at the same time."""
+    errors: list[BaseException] = []
+
+    def instance(tag: str) -> None:
+        async def run() -> None:
+            cp = _cp(tmp_path)  # each instance has its own object, lock file descriptor and loop
+            for i in range(25):
+                await cp.update(lambda claims, i=i: claims.update({f"{tag}-{i}": _claim(f"{tag}-{i}")}))
+        try:
+            asyncio.run(run())
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=instance, args=(t,)) for t in ("old", "new")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert len(_cp(tmp_path).load()) == 50
