@@ -182,8 +182,11 @@ class Built:
     report: dict
 
 
+#: Paths of the project's test doubles (tests/support); none may ship in the image.
+TEST_DOUBLES = ("fake_nvml", "sysfs_fixture", "tm_cases", "topo_testkit", "plugin/testing/",
+                "topologymanager/harness")
 #: Bumped when size_report's output changes (a cached report is then recomputed from its archive).
-REPORT_FORMAT = 2
+REPORT_FORMAT = 3
 
 
 def image_key(base: str, files: list[str]) -> str:
@@ -321,8 +324,7 @@ def size_report(archive: Path, ref: str) -> dict:
     out["largest_debian_packages"] = sorted(packages.items(), key=lambda kv: -kv[1])[:12]
     out["ca_bundles"] = ca_bundles
     out["venv_bin"] = sorted(f for f in files if f.startswith("opt/topo-device-plugin/bin/"))
-    out["test_doubles"] = sorted(f for f in files if f.endswith("plugin/sources/fake_nvml.py")
-                                 or "/plugin/testing/" in f + "/")
+    out["test_doubles"] = sorted(f for f in files if any(d in f + "/" for d in TEST_DOUBLES))
     return out
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pki import PKI
-from sandbox import NODE_IP, Sandbox, log, wait_for
+from sandbox import NODE_IP, Gone, Sandbox, log, wait_for
 
 NODE = "topo-node"
 API = f"https://{NODE_IP}:6443"
@@ -100,6 +100,8 @@ authentication:
 authorization: {{mode: Webhook}}
 clusterDomain: cluster.local
 cgroupDriver: cgroupfs
+# These machines run cgroup v1 (hybrid); kubelets since 1.35 refuse it unless told otherwise.
+failCgroupV1: false
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
 failSwapOn: false
@@ -170,7 +172,18 @@ class Cluster:
                                "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
                                "--initial-cluster", "topo-e2e=http://127.0.0.1:2380",
                                "--log-level", "warn"])
-        wait_for("etcd's /health", lambda: self._http_ok("http://127.0.0.1:2379/health"), 120)
+        self.wait_up("etcd", "etcd's /health", lambda: self._http_ok("http://127.0.0.1:2379/health"))
+
+    def wait_up(self, name: str, what: str, ready, timeout: float = 300) -> None:
+        """Poll `ready` while process `name` lives; its exit fails at once, with its log."""
+        def check():
+            if not self.sb.running(name):
+                raise Gone(f"{name} exited ({self.sb.procs[name].returncode}):\n{self.sb.tail(name)}")
+            return ready()
+        try:
+            wait_for(what, check, timeout)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n{self.sb.tail(name)}") from None
 
     def _http_ok(self, url: str) -> bool:
         """GET `url` from inside the namespaces (no curl needed: this interpreter does it)."""
@@ -198,8 +211,8 @@ class Cluster:
             "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false", "--v=1",
         ])
-        wait_for("the API server's /readyz", lambda: self.kubectl("get", "--raw", "/readyz", check=False)
-                 .stdout.strip() == "ok", 300, interval=1)
+        self.wait_up("kube-apiserver", "the API server's /readyz",
+                     lambda: self.kubectl("get", "--raw", "/readyz", check=False).stdout.strip() == "ok")
 
     def start_controllers(self) -> None:
         p = self.pki
@@ -207,7 +220,7 @@ class Cluster:
             self.bins["kube-controller-manager"], f"--kubeconfig={self.cm_kubeconfig}",
             f"--authentication-kubeconfig={self.cm_kubeconfig}", f"--authorization-kubeconfig={self.cm_kubeconfig}",
             f"--service-account-private-key-file={p.sa_key}", f"--root-ca-file={p.ca_cert}",
-            "--use-service-account-credentials=false", "--leader-elect=false",
+            "--use-service-account-credentials=true", "--leader-elect=false",
             "--bind-address=127.0.0.1", "--secure-port=10257", "--profiling=false", "--v=1",
         ])
         sched_cfg = self.w / "scheduler.yaml"
@@ -231,8 +244,8 @@ class Cluster:
         cfg.write_text(kubelet_config(self.w, self.pki, self.sb.containerd_sock, self.tm_policy, self.cpu_policy))
         self.sb.spawn("kubelet", [str(self.bins.kubelet), f"--config={cfg}", f"--kubeconfig={self.node_kubeconfig}",
                                   f"--hostname-override={NODE}", f"--node-ip={NODE_IP}", "--v=2"])
-        wait_for("the kubelet's /healthz", lambda: self._http_ok("http://127.0.0.1:10248/healthz"), 120)
-        wait_for(f"node {NODE} Ready", self.node_ready, 180)
+        self.wait_up("kubelet", "the kubelet's /healthz", lambda: self._http_ok("http://127.0.0.1:10248/healthz"))
+        self.wait_up("kubelet", f"node {NODE} Ready", self.node_ready)
 
     def stop_kubelet(self, sig: int = signal.SIGTERM) -> int | None:
         return self.sb.stop("kubelet", sig)

@@ -106,22 +106,14 @@ def controlplane() -> pathlib.Path:
 
 
 def kubelet() -> pathlib.Path:
-    """The kubelet of the control plane's release."""
+    """The kubelet the real-kubelet tests build (tests/kubelet/kubelet_build.py), at the control plane's release."""
     version = controlplane_version()
-    built = getattr(kubelet_build, "K8S_VERSION", None)
-    if built == version:
-        return kubelet_build.kubelet_binary()
-    env = kubelet_build.go_env()
-    key = kubelet_build._hash([CONTROLPLANE_DIR / "go.mod", CONTROLPLANE_DIR / "go.sum"],
-                              kubelet_build._go_version(env) + version_ldflags(version))
-    out = kubelet_build.cache_dir() / "bin" / f"kubelet-{version}-cp{key}"
-
-    def build(tmp: pathlib.Path) -> None:
-        kubelet_build._run([kubelet_build.find_go(), "build", "-trimpath", "-ldflags", version_ldflags(version),
-                            "-o", str(tmp), "k8s.io/kubernetes/cmd/kubelet"], CONTROLPLANE_DIR, env,
-                           "building the kubelet")
-
-    return kubelet_build._atomic_build(out, build)
+    line = getattr(kubelet_build, "line", None)
+    built = line("current").kubernetes if line else kubelet_build.K8S_VERSION
+    if built != version:
+        raise RuntimeError(f"the kubelet is built at {built} (tests/kubelet), the control plane at {version} "
+                           f"({CONTROLPLANE_DIR / 'go.mod'}): make them agree")
+    return kubelet_build.kubelet_binary()
 
 
 def packages() -> None:

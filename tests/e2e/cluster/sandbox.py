@@ -61,6 +61,10 @@ def log(msg: str) -> None:
     print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+class Gone(RuntimeError):
+    """What `wait_for` waits on can no longer happen (the process died): stop polling."""
+
+
 def wait_for(what: str, fn: Callable[[], T], timeout: float, interval: float = 0.5) -> T:
     """Poll `fn` until it returns something truthy; the deadline is generous on purpose."""
     deadline = time.monotonic() + timeout
@@ -70,6 +74,8 @@ def wait_for(what: str, fn: Callable[[], T], timeout: float, interval: float = 0
             last = fn()
             if last:
                 return last
+        except (Gone, NameError, TypeError, AttributeError):
+            raise  # the condition can no longer come true, or the check itself is wrong
         except Exception as e:  # noqa: BLE001 - keep polling, report the last error
             last = e
         if time.monotonic() > deadline:

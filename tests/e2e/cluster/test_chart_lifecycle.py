@@ -15,7 +15,7 @@ import signal
 
 import pytest
 from cluster import NODE
-from conftest import numa_layout, start_cluster
+from cluster_fixtures import numa_layout, start_cluster
 from kubelet_testlib import discover
 from sandbox import host_mounts_under, wait_for
 from workloads import (
@@ -142,7 +142,13 @@ def test_podresources_agrees_with_what_the_containers_saw(workloads_running):
 def _running_unchanged(env) -> None:
     """The workload pods still run, were not restarted, and hold the same devices."""
     c = env["c"]
-    pr = c.podresources()
+
+    def all_listed():
+        pr = c.podresources()
+        listed = {p["name"] for p in pr.get("pods") or [] if p.get("namespace") == "default"}
+        return pr if set(env["pods"]) <= listed else None
+    # A restarted kubelet lists a pod once its pod manager has it from the API server again.
+    pr = wait_for("the workload pods in pod-resources List", all_listed, 180)
     for name, s in env["pods"].items():
         p = phase(c, name)
         assert p["status"]["phase"] == "Running", p["status"]

@@ -130,12 +130,28 @@ def wait_daemon_ready(c: Cluster, not_uid: str | None = None, timeout: float = 2
         pods = [p for p in daemon_pods(c) if p["metadata"]["uid"] != not_uid]
         live = [p for p in pods if ready(p)]
         return live[0] if len(live) == 1 and len(daemon_pods(c)) == 1 else None
-    return wait_for("the plugin's DaemonSet pod to be Ready", one, timeout)
+    try:
+        return wait_for("the plugin's DaemonSet pod to be Ready", one, timeout)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+
+
+def diagnose(c: Cluster, namespace: str = "default") -> str:
+    """What an operator would look at: pods, their description and events, the kubelet's log."""
+    parts = []
+    for args in (("get", "pods", "-A", "-o", "wide"), ("describe", "pods", "-n", namespace),
+                 ("get", "events", "-A", "--sort-by=.lastTimestamp")):
+        proc = c.kubectl(*args, check=False)
+        parts.append(f"$ kubectl {' '.join(args)}\n{proc.stdout[-4000:]}{proc.stderr[-1000:]}")
+    parts.append(c.sb.tail("kubelet", 40))
+    return "\n".join(parts)
 
 
 def wait_allocatable(c: Cluster, want: dict[str, str], timeout: float = 180) -> dict[str, str]:
-    return wait_for(f"node allocatable {want}",
-                    lambda: (a := c.allocatable()) if all(a.get(k) == v for k, v in want.items()) else None, timeout)
+    def reached():
+        alloc = c.allocatable()
+        return alloc if all(alloc.get(k) == v for k, v in want.items()) else None
+    return wait_for(f"node allocatable {want}", reached, timeout)
 
 
 def workload(name: str, image_ref: str, limits: dict[str, int | str], guaranteed: bool = False) -> dict[str, Any]:
@@ -172,7 +188,10 @@ def wait_settled(c: Cluster, name: str, timeout: float = 180) -> dict[str, Any]:
         if ph == "Running" and report(c, name) is not None:
             return p
         return None
-    return wait_for(f"pod {name} Running or Failed", settled, timeout)
+    try:
+        return wait_for(f"pod {name} Running or Failed", settled, timeout)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c)}") from None
 
 
 def report(c: Cluster, name: str) -> dict[str, Any] | None:
@@ -187,6 +206,12 @@ def delete_workloads(c: Cluster, timeout: float = 180) -> None:
     c.kubectl("delete", "pods", "-n", "default", "-l", "topo-e2e=workload", "--wait=false")
     wait_for("workload pods gone", lambda: not c.get("pods", "-n", "default", "-l", "topo-e2e=workload")["items"],
              timeout)
+
+
+def delete_pod(c: Cluster, name: str, timeout: float = 180) -> None:
+    c.kubectl("delete", "pod", "-n", "default", name, "--wait=false")
+    wait_for(f"pod {name} gone", lambda: not c.get("pods", "-n", "default", "--field-selector",
+                                                   f"metadata.name={name}")["items"], timeout)
 
 
 def promised(c: Cluster, pod_uid: str) -> dict[str, dict[str, Any]]:
