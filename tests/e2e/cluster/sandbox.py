@@ -27,35 +27,17 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+# containerd's configuration is the standalone-kubelet e2e's (tests/e2e/kubelet_e2e.py): CNI
+# binaries and configs under the containerd directory, oom_score_adj clamped for this VM.
+from kubelet_e2e import CONTAINERD_CONFIG  # noqa: E402
+
 T = TypeVar("T")
 
 NODE_IP = "10.231.0.2"
 NODE_CIDR = "10.231.0.2/24"
 POD_SUBNET = "10.232.0.0/24"
 OVERLAID = ("/var/lib", "/var/log", "/run")
-
-CONTAINERD_CONFIG = """version = 2
-root = "{root}"
-state = "{state}"
-[grpc]
-  address = "{sock}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  # This VM's root has no CAP_SYS_RESOURCE: runc cannot lower oom_score_adj to the
-  # kubelet's -998 for sandboxes, so clamp it at containerd's own value.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni_bin}"
-    conf_dir = "{cni_conf}"
-"""
-
 
 def log(msg: str) -> None:
     print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -210,7 +192,8 @@ class Sandbox:
     def start_containerd(self, cni_bin: pathlib.Path, pause_image: str) -> None:
         d = self.w / "containerd"
         d.mkdir(exist_ok=True)
-        conf_dir = self.w / "cni-conf"
+        (d / "cni-bin").symlink_to(cni_bin)
+        conf_dir = d / "cni-conf"
         conf_dir.mkdir(exist_ok=True)
         (conf_dir / "10-topo-e2e.conflist").write_text(json.dumps({
             "cniVersion": "0.4.0", "name": "topo-e2e",
@@ -220,7 +203,7 @@ class Sandbox:
         }, indent=1))
         cfg = d / "config.toml"
         cfg.write_text(CONTAINERD_CONFIG.format(root=d / "root", state=d / "state", sock=self.containerd_sock,
-                                                pause=pause_image, cni_bin=cni_bin, cni_conf=conf_dir))
+                                                pause=pause_image, w=d))
         self.spawn("containerd", ["containerd", "--config", str(cfg)])
         wait_for("containerd's socket", lambda: self.ctr("version", check=False).returncode == 0, 60)
 

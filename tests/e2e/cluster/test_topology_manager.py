@@ -36,6 +36,7 @@ from workloads import (
     report,
     wait_allocatable,
     wait_daemon_ready,
+    wait_kubelet_synced,
     wait_settled,
     workload,
 )
@@ -89,24 +90,25 @@ def test_the_kubelet_sees_the_simulated_numa_layout(tm):
     assert sorted(n for n in nodes if n.startswith("node")) == [f"node{n}" for n in sorted(tm["layout"])]
 
 
-def switch_policy(c, policy: str) -> None:
-    """Restart the kubelet with `policy` (if needed), then remove every workload pod.
+def switch_policy(tm: dict[str, Any], policy: str) -> None:
+    """Restart the kubelet with `policy` (if needed) and start from a node without workloads.
 
-    In this order on purpose: devices of pods deleted *before* a restart stay in the device
-    manager's checkpoint, and the restarted kubelet counts them as allocated until its pod
-    sources are ready (devicemanager UpdateAllocatedDevices), which `explain` cannot know.
-    Pods deleted after the restart are gone from its view once the deletion completes.
+    Devices of pods deleted before a restart stay in the device manager's checkpoint, and
+    the restarted kubelet counts them as allocated until it has handled one pod update
+    (wait_kubelet_synced): `explain` cannot know that, so the sequence starts after it.
     """
+    c = tm["c"]
+    delete_workloads(c)
     if c.tm_policy != policy:
         c.stop_kubelet()
         c.start_kubelet(tm_policy=policy)
         wait_allocatable(c, {GPU: "8", NIC: "8"})
-    delete_workloads(c)
+        wait_kubelet_synced(c, tm["image"])
 
 
 def _run_sequence(tm: dict[str, Any], policy: str) -> list[dict[str, Any]]:
     c, node = tm["c"], tm["node"]
-    switch_policy(c, policy)
+    switch_policy(tm, policy)
     out = []
     for name, limits, delete_after in SEQUENCE:
         held = held_devices(c.podresources())
@@ -166,7 +168,7 @@ def test_policies_differ_where_the_model_says(tm):
 def test_guaranteed_pod_gets_cpus_and_gpu_on_one_numa_node(tm, policy):
     """Static CPU manager: exclusive CPUs come from non-reserved CPUs (CPU 0 is reserved)."""
     c = tm["c"]
-    switch_policy(c, policy)
+    switch_policy(tm, policy)
     exclusive_numa = [n for n, cpus in tm["layout"].items() if any(cpu != 0 for cpu in cpus)]
     if not exclusive_numa:
         pytest.fail(f"no CPU besides the reserved CPU 0 on this machine ({tm['layout']})")

@@ -155,7 +155,7 @@ def wait_allocatable(c: Cluster, want: dict[str, str], timeout: float = 180) -> 
 
 
 def workload(name: str, image_ref: str, limits: dict[str, int | str], guaranteed: bool = False) -> dict[str, Any]:
-    resources: dict[str, Any] = {"limits": {k: str(v) for k, v in limits.items()}}
+    resources: dict[str, Any] = {"limits": {k: str(v) for k, v in limits.items()}} if limits else {}
     if guaranteed:
         resources["requests"] = dict(resources["limits"])
     return {
@@ -212,6 +212,21 @@ def delete_pod(c: Cluster, name: str, timeout: float = 180) -> None:
     c.kubectl("delete", "pod", "-n", "default", name, "--wait=false")
     wait_for(f"pod {name} gone", lambda: not c.get("pods", "-n", "default", "--field-selector",
                                                    f"metadata.name={name}")["items"], timeout)
+
+
+def wait_kubelet_synced(c: Cluster, image_ref: str) -> None:
+    """Make sure the (re)started kubelet has handled a pod update from the API server.
+
+    The kubelet marks its pod sources ready only *after* handling an update
+    (kubelet.go syncLoopIteration: AddSource follows the handler), and until then the
+    device manager keeps the devices of pods deleted before the restart allocated
+    (UpdateAllocatedDevices returns early). A pod without devices, Running, is that update.
+    """
+    name = f"kubelet-synced-{len(c.sb.logs.get('kubelet', []))}"
+    c.apply(workload(name, image_ref, {}))
+    st = wait_settled(c, name)["status"]
+    assert st["phase"] == "Running", st
+    delete_pod(c, name)
 
 
 def promised(c: Cluster, pod_uid: str) -> dict[str, dict[str, Any]]:
