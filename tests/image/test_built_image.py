@@ -59,6 +59,8 @@ def containerd(built, tmp_path_factory):
     from kubelet_build import BuildUnavailable
     from sandbox import Sandbox, host_mounts_under
 
+    if os.geteuid() != 0:
+        _unavailable("containerd and the namespaces it runs in need root")
     try:
         cluster_build.packages()
         cni = cluster_build.cni_bin_dir()

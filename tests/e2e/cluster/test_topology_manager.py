@@ -130,7 +130,6 @@ def _run_sequence(tm: dict[str, Any], policy: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_admissions_and_devices_are_what_explain_predicts(tm, policy):
-    c = tm["c"]
     seq = _run_sequence(tm, policy)
     tm["results"][policy] = seq
     table = "\n".join(f"  {s['name']}: {s['phase']} {s['reason'] or ''} {s['devices']} "

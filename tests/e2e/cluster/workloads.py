@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import stat
 import sys
 import time
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from cluster import NODE, Cluster
+from cluster import Cluster
 from sandbox import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -302,7 +301,3 @@ def held_devices(pr: dict[str, Any]) -> dict[str, list[str]]:
                 out.setdefault(res, []).extend(ids)
     return out
 
-
-def copy_logs(c: Cluster, dest: pathlib.Path) -> None:
-    """Keep the daemons' logs next to the test's output for a failed run."""
-    shutil.copytree(c.sb.logs_dir, dest, dirs_exist_ok=True)
