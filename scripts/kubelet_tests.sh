@@ -76,6 +76,25 @@ prepare() {
   build "build harness (race)" harness:race
   build "build kubelet (current)" kubelet
   build "e2e images" images
+  cluster_prepare
+}
+
+# ---- local cluster e2e (tests/e2e/cluster) and the built image (tests/image) --------------------
+# Debian packages (buildah, mmdebstrap, CNI plugins), the control plane built from the kubelet's
+# Kubernetes release, helm, and the project's image; all cached. Exit 3 from the builder means a
+# piece cannot exist here (e.g. not root): outside CI the tests then skip and say why.
+cluster_prepare() {
+  local step
+  for step in packages controlplane kubelet helm image; do
+    stage_start "cluster: $step"
+    local rc=0
+    .venv/bin/python tests/e2e/cluster/cluster_build.py "$step" || rc=$?
+    stage_end
+    if [ "$rc" = 3 ] && [ "${TOPO_DP_REQUIRE_KUBELET_E2E:-}" != 1 ]; then
+      echo "cluster: $step is not available here; tests/e2e/cluster and the built-image test will skip"; return 0
+    fi
+    [ "$rc" = 0 ] || exit "$rc"
+  done
 }
 
 run_tests() {

@@ -12,9 +12,10 @@ stage "python environment"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
 # The real-kubelet stages: Debian containerd/runc, Go modules, the kubelet harness, the kubelet
-# binary and local OCI images (all cached under ~/.cache/topo-device-plugin; prints stage times).
-# Helm, the strict manifest decoder and hadolint are built by the chart/image tests themselves.
-stage "kubelet harness, kubelet, containerd (cached)"
+# binary and local OCI images, then the local cluster's stages: the control plane, helm and the
+# project's image built with buildah (all cached under ~/.cache/topo-device-plugin; prints stage
+# times). The strict manifest decoder and hadolint are built by the chart/image tests themselves.
+stage "kubelet harness, kubelet, containerd, control plane, image (cached)"
 bash scripts/kubelet_tests.sh prepare
 
 stage "tests"

@@ -451,25 +451,69 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     assert set(chart_config) - {"existingConfigMap"} == set(daemon["properties"]) - {"version", "resources", "imex"}
 
 
+# The daemon's NIC pool vocabulary, read through its public parser: an unknown key's error
+# lists the accepted keys, so renaming a constant inside plugin.nic_pools does not blind the
+# check. What cannot be read fails the test and names what moved (never a skip).
 NIC_KEYS = """
-import json
+import json, re, sys
 from plugin import nic_pools as n
-print(json.dumps({"entry": list(n._ENTRY_KEYS),
-                  "selector": list(n._LIST_SELECTORS) + list(n._BOOL_SELECTORS),
-                  "linkTypes": list(n.LINK_TYPES), "policies": list(n.POLICIES)}))
+
+def accepted(raw):
+    try:
+        n.parse_pool_specs(raw, "probe.yaml")
+    except Exception as e:
+        m = re.search(r"use one of: ([^)]*)", str(e))
+        return [k.strip() for k in m.group(1).split(",")] if m else str(e)
+    return "the parser accepted an unknown key"
+
+out = {"entry": accepted([{"resourceName": "a", "zzqqxx": 1, "selectors": {}}]),
+       "selector": accepted([{"resourceName": "a", "selectors": {"zzqqxx": ["1"]}}]),
+       "linkTypes": list(getattr(n, "LINK_TYPES", []) or []) or "plugin.nic_pools.LINK_TYPES",
+       "policies": list(getattr(n, "POLICIES", []) or []) or "plugin.nic_pools.POLICIES"}
+
+def parses(raw):
+    try:
+        n.parse_pool_specs(raw, "probe.yaml")
+        return True
+    except Exception as e:
+        return str(e)
+
+out["accepts"] = {"linkTypes": {t: parses([{"resourceName": "a", "selectors": {"linkTypes": [t]}}])
+                                for t in json.loads(sys.argv[1])},
+                  "policies": {p: parses([{"resourceName": "a", "allocationPolicy": p, "selectors": {}}])
+                               for p in json.loads(sys.argv[2])}}
+print(json.dumps(out))
 """
 
 
+def _schema_at(schema: dict, *path: str):
+    node = schema
+    for i, key in enumerate(path):
+        if not isinstance(node, dict) or key not in node:
+            pytest.fail(f"values.schema.json has no {'/'.join(path[: i + 1])} (moved or renamed?): the NIC pool "
+                        "drift check reads the chart's pool schema from there; update this test")
+        node = node[key]
+    return node
+
+
 def test_values_schema_nic_pools_match_the_daemon():
-    proc = _daemon_python(NIC_KEYS)
-    if proc.returncode != 0:
-        pytest.skip(f"plugin.nic_pools does not expose its keys as expected: {proc.stderr.strip()[-300:]}")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    resource = _schema_at(schema, "definitions", "nicResource", "properties")
+    selector = _schema_at(schema, "definitions", "nicSelector", "properties")
+    link_enum = _schema_at(selector, "linkTypes", "items", "enum")
+    policy_enum = _schema_at(resource, "allocationPolicy", "enum")
+    proc = _daemon_python(NIC_KEYS, json.dumps(link_enum), json.dumps(policy_enum))
+    assert proc.returncode == 0, f"cannot read the daemon's NIC pool keys (plugin.nic_pools moved?):\n{proc.stderr}"
     daemon = json.loads(proc.stdout)
-    defs = json.loads((CHART / "values.schema.json").read_text())["definitions"]
-    assert set(defs["nicResource"]["properties"]) == set(daemon["entry"])
-    assert set(defs["nicSelector"]["properties"]) == set(daemon["selector"])
-    assert defs["nicSelector"]["properties"]["linkTypes"]["items"]["enum"] == daemon["linkTypes"]
-    assert defs["nicResource"]["properties"]["allocationPolicy"]["enum"] == daemon["policies"]
+    moved = {k: v for k, v in daemon.items() if isinstance(v, str)}
+    assert not moved, f"the daemon's NIC pool vocabulary is not where this check reads it: {moved}"
+    assert set(resource) == set(daemon["entry"])
+    assert set(selector) == set(daemon["selector"])
+    assert link_enum == daemon["linkTypes"]
+    assert policy_enum == daemon["policies"]
+    # Every value the chart accepts, the daemon's parser accepts.
+    refused = {f"{k}={v}": why for k, d in daemon["accepts"].items() for v, why in d.items() if why is not True}
+    assert not refused, refused
 
 
 # ---- specific value sets --------------------------------------------------------------------------

@@ -100,71 +100,21 @@ def pyproject_field(name: str) -> str:
     return re.search(rf'^{name}\s*=\s*"([^"]+)"', text, re.M).group(1)
 
 
-# ---- .dockerignore, as Docker reads it ---------------------------------------------------------
+# ---- .dockerignore, as Docker reads it (scripts/dockerignore.py, shared with scripts/build_image.py) ----
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import dockerignore  # noqa: E402
+
+excluded = dockerignore.excluded
 
 
-def dockerignore_patterns() -> list[tuple[bool, re.Pattern]]:
-    """(negated, regex) per pattern; Go filepath.Match syntax plus `**`."""
-    out = []
-    for raw in DOCKERIGNORE.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        neg = line.startswith("!")
-        pat = os.path.normpath(line[1:] if neg else line).lstrip("/")
-        rx, i = "", 0
-        while i < len(pat):
-            if pat.startswith("**/", i):
-                rx, i = rx + "(?:.*/)?", i + 3
-            elif pat.startswith("**", i):
-                rx, i = rx + ".*", i + 2
-            elif pat[i] == "*":
-                rx, i = rx + "[^/]*", i + 1
-            elif pat[i] == "?":
-                rx, i = rx + "[^/]", i + 1
-            elif pat[i] == "[":
-                j = pat.index("]", i)
-                rx, i = rx + pat[i : j + 1], j + 1
-            else:
-                rx, i = rx + re.escape(pat[i]), i + 1
-        out.append((neg, re.compile(rx + "$")))
-    return out
-
-
-def excluded(rel: str, patterns) -> bool:
-    """Docker's rule: the last pattern that matches the path or one of its parents wins."""
-    parts = rel.split("/")
-    candidates = ["/".join(parts[: n + 1]) for n in range(len(parts))]
-    result = False
-    for neg, rx in patterns:
-        if any(rx.match(c) for c in candidates):
-            result = not neg
-    return result
+def dockerignore_patterns():
+    return dockerignore.patterns(DOCKERIGNORE)
 
 
 def build_context(dest: Path) -> list[str]:
     """Copy what `docker build .` would send; return the relative paths."""
-    patterns = dockerignore_patterns()
-    negations = [rx for neg, rx in patterns if neg]
-    copied = []
-    for dirpath, dirnames, filenames in os.walk(ROOT):
-        rel_dir = os.path.relpath(dirpath, ROOT)
-        rel_dir = "" if rel_dir == "." else rel_dir
-        keep = []
-        for d in dirnames:
-            rel = f"{rel_dir}/{d}" if rel_dir else d
-            # Prune excluded dirs unless a negation could re-include something below them.
-            if excluded(rel, patterns) and not any(rx.match(rel) for rx in negations):
-                continue
-            keep.append(d)
-        dirnames[:] = keep
-        for f in filenames:
-            rel = f"{rel_dir}/{f}" if rel_dir else f
-            if not excluded(rel, patterns):
-                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(ROOT / rel, dest / rel)
-                copied.append(rel)
-    return copied
+    return dockerignore.copy_context(ROOT, dest)
 
 
 # ---- static checks -------------------------------------------------------------------------------
@@ -175,6 +125,8 @@ def test_hadolint_is_clean():
     if proc.returncode != 0:
         reason = f"cannot install hadolint (scripts/install_hadolint.sh): {proc.stderr.strip()[-500:]}"
         print(reason, file=sys.stderr)
+        if os.environ.get("TOPO_DP_REQUIRE_CHART_TOOLS") == "1":
+            pytest.fail(f"hadolint required (TOPO_DP_REQUIRE_CHART_TOOLS=1): {reason}")
         pytest.skip(reason)
     hadolint = proc.stdout.strip().splitlines()[-1]
     # The linter really runs: a known-bad Dockerfile is flagged.

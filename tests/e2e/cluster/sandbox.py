@@ -1,0 +1,307 @@
+"""Private mount, network and UTS namespaces for a throwaway node, and containerd in them.
+
+Why this shape: the kubelet hard-codes /var/lib/kubelet/device-plugins, containerd and the
+CNI plugins write under /run, /var/lib and /var/log, and a cluster listens on well-known
+ports. One *holder* process (`unshare --mount --net --uts --propagation private sleep`)
+owns new namespaces; every daemon is started in them with `nsenter`, so nothing of this
+machine's own /var/lib/kubelet, /run/containerd, /var/lib/cni or network is touched and
+no port can clash. In the holder's mount namespace /var/lib, /var/log and /run are
+overlays whose writable layer lies in the work directory, /var/lib/kubelet is a bind
+mount of a work directory (the kubelet's disk statistics need a real filesystem there) and
+/run/containerd is a tmpfs. Killing the holder last drops every mount and network link.
+
+Every process is stopped by its PID, in the order the caller chooses; `close` then looks
+for anything left in the namespaces (or below a process that was), kills it and reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+# containerd's configuration is the standalone-kubelet e2e's (tests/e2e/kubelet_e2e.py): CNI
+# binaries and configs under the containerd directory, oom_score_adj clamped for this VM.
+from kubelet_e2e import CONTAINERD_CONFIG  # noqa: E402
+
+T = TypeVar("T")
+
+NODE_IP = "10.231.0.2"
+NODE_CIDR = "10.231.0.2/24"
+POD_SUBNET = "10.232.0.0/24"
+OVERLAID = ("/var/lib", "/var/log", "/run")
+
+def log(msg: str) -> None:
+    print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Gone(RuntimeError):
+    """What `wait_for` waits on can no longer happen (the process died): stop polling."""
+
+
+def wait_for(what: str, fn: Callable[[], T], timeout: float, interval: float = 0.5) -> T:
+    """Poll `fn` until it returns something truthy; the deadline is generous on purpose."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = fn()
+            if last:
+                return last
+        except (Gone, NameError, TypeError, AttributeError):
+            raise  # the condition can no longer come true, or the check itself is wrong
+        except Exception as e:  # noqa: BLE001 - keep polling, report the last error
+            last = e
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+def _ns(pid: int | str, kind: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return None
+
+
+def _ppid(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return None
+
+
+def _cmdline(pid: int | str) -> str:
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+class Sandbox:
+    """The holder and everything started in its namespaces."""
+
+    def __init__(self, workdir: pathlib.Path):
+        self.w = workdir
+        self.w.mkdir(parents=True, exist_ok=True)
+        self.logs_dir = self.w / "logs"
+        self.logs_dir.mkdir(exist_ok=True)
+        self.holder: subprocess.Popen | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, list[pathlib.Path]] = {}
+        self.namespaces: dict[str, str] = {}
+        self.leftovers: list[str] = []
+        self.cgroups_before = {str(p) for p in pathlib.Path("/sys/fs/cgroup").glob("*/k8s.io")}
+        self.container_ids: set[str] = set()
+        self.closed = False
+
+    # ---- namespaces ----
+    def start(self) -> None:
+        self.holder = subprocess.Popen(
+            ["unshare", "--mount", "--net", "--uts", "--propagation", "private", "sleep", "infinity"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        own = {k: _ns("self", k) for k in ("mnt", "net", "uts")}
+        wait_for("the namespace holder", lambda: all(_ns(self.holder.pid, k) not in (None, own[k]) for k in own), 30,
+                 interval=0.05)
+        self.namespaces = {k: _ns(self.holder.pid, k) for k in ("mnt", "net")}
+        log(f"holder pid {self.holder.pid}: {self.namespaces}")
+        self.sh("hostname", "topo-node")
+        for d in OVERLAID:
+            name = d.strip("/").replace("/", "-")
+            upper, work = self.w / "overlay" / name / "upper", self.w / "overlay" / name / "work"
+            upper.mkdir(parents=True)
+            work.mkdir(parents=True)
+            self.sh("mount", "-t", "overlay", "overlay", "-o", f"lowerdir={d},upperdir={upper},workdir={work}", d)
+        kubelet_dir = self.w / "var-lib-kubelet"
+        kubelet_dir.mkdir()
+        self.sh("mkdir", "-p", "/var/lib/kubelet", "/run/containerd")
+        self.sh("mount", "--bind", str(kubelet_dir), "/var/lib/kubelet")
+        self.sh("mount", "-t", "tmpfs", "-o", "mode=0711", "tmpfs", "/run/containerd")
+        # The node's address: this kernel has no dummy links, so one end of a veth pair.
+        for argv in (["ip", "link", "set", "lo", "up"],
+                     ["ip", "link", "add", "tdp-node", "type", "veth", "peer", "name", "tdp-peer"],
+                     ["ip", "addr", "add", NODE_CIDR, "dev", "tdp-node"],
+                     ["ip", "link", "set", "tdp-node", "up"], ["ip", "link", "set", "tdp-peer", "up"],
+                     ["ip", "route", "add", "default", "dev", "tdp-node"]):
+            self.sh(*argv)
+
+    def enter(self) -> list[str]:
+        assert self.holder is not None
+        return ["nsenter", "-t", str(self.holder.pid), "-m", "-n", "-u", "--"]
+
+    def sh(self, *argv: str, check: bool = True, timeout: float = 120, env: dict[str, str] | None = None,
+           input: str | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*self.enter(), *argv], capture_output=True, text=True, timeout=timeout,
+                              env=None if env is None else {**os.environ, **env}, input=input)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return proc
+
+    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start a daemon in the namespaces (nsenter execs it: the PID is the daemon's)."""
+        n = len(self.logs.setdefault(name, [])) + 1
+        logf = self.logs_dir / f"{name}-{n}.log"
+        self.logs[name].append(logf)
+        with open(logf, "w") as out:
+            p = subprocess.Popen([*self.enter(), *argv], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env={**os.environ, **(env or {})}, start_new_session=True)
+        self.procs[name] = p
+        log(f"started {name} pid {p.pid} ({logf.name})")
+        return p
+
+    def running(self, name: str) -> bool:
+        p = self.procs.get(name)
+        return p is not None and p.poll() is None
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 60) -> int | None:
+        """Signal one process by its PID and wait for it; SIGKILL after `timeout`."""
+        p = self.procs.get(name)
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log(f"{name} (pid {p.pid}) ignored {signal.Signals(sig).name} for {timeout:.0f}s: SIGKILL")
+                p.kill()
+                p.wait(30)
+        return p.returncode
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        files = self.logs.get(name) or []
+        if not files:
+            return f"(no log of {name})"
+        text = files[-1].read_text(errors="replace").splitlines()[-lines:]
+        return f"--- {files[-1].name}\n" + "\n".join(text)
+
+    # ---- containerd ----
+    @property
+    def containerd_sock(self) -> str:
+        return str(self.w / "containerd" / "containerd.sock")
+
+    def start_containerd(self, cni_bin: pathlib.Path, pause_image: str) -> None:
+        d = self.w / "containerd"
+        d.mkdir(exist_ok=True)
+        (d / "cni-bin").symlink_to(cni_bin)
+        conf_dir = d / "cni-conf"
+        conf_dir.mkdir(exist_ok=True)
+        (conf_dir / "10-topo-e2e.conflist").write_text(json.dumps({
+            "cniVersion": "0.4.0", "name": "topo-e2e",
+            "plugins": [{"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
+                         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                                  "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.w / "cni-ipam")}}],
+        }, indent=1))
+        cfg = d / "config.toml"
+        cfg.write_text(CONTAINERD_CONFIG.format(root=d / "root", state=d / "state", sock=self.containerd_sock,
+                                                pause=pause_image, w=d))
+        self.spawn("containerd", ["containerd", "--config", str(cfg)])
+        wait_for("containerd's socket", lambda: self.ctr("version", check=False).returncode == 0, 60)
+
+    def ctr(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        return self.sh("ctr", "--address", self.containerd_sock, "-n", "k8s.io", *args, check=check, timeout=timeout)
+
+    def import_image(self, archive: pathlib.Path) -> None:
+        self.ctr("images", "import", str(archive))
+
+    def stop_containerd(self) -> None:
+        """Kill what containerd still runs, then containerd, then its shims (they outlive it)."""
+        if self.running("containerd"):
+            ids = self.ctr("containers", "ls", "-q", check=False).stdout.split()
+            self.container_ids.update(ids)
+            for task in self.ctr("tasks", "ls", "-q", check=False).stdout.split():
+                self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+            for task in self.ctr("tasks", "ls", "-q", check=False).stdout.split():
+                wait_for(f"task {task} to stop", lambda t=task: t not in self.ctr("tasks", "ls", "-q", check=False)
+                         .stdout.split() or self.ctr("tasks", "delete", "-f", t, check=False).returncode == 0, 30)
+            for c in ids:
+                self.ctr("containers", "delete", c, check=False)
+        self.stop("containerd")
+
+    # ---- teardown ----
+    def members(self) -> list[str]:
+        """PIDs in the holder's mount or network namespace, and everything below them."""
+        inside: set[str] = set()
+        parents: dict[str, str | None] = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or pid == str(os.getpid()):
+                continue
+            parents[pid] = _ppid(pid)
+            if _ns(pid, "mnt") == self.namespaces.get("mnt") or _ns(pid, "net") == self.namespaces.get("net"):
+                inside.add(pid)
+        grew = True
+        while grew:
+            grew = False
+            for pid, ppid in parents.items():
+                if pid not in inside and ppid in inside:
+                    inside.add(pid)
+                    grew = True
+        return sorted(inside, key=int)
+
+    def close(self, order: Iterable[str] = ()) -> None:
+        """Stop `order` first (by PID, in that order), then the rest, containerd, the holder."""
+        if self.closed:
+            return
+        self.closed = True
+        for name in order:
+            self.stop(name)
+        for name in reversed(list(self.procs)):
+            if name != "containerd":
+                self.stop(name)
+        self.stop_containerd()
+        holder = self.holder
+        if holder is not None:
+            # Anything still in the namespaces now was not stopped by its PID: report it.
+            for pid in self.members():
+                if int(pid) != holder.pid:
+                    self.leftovers.append(f"{pid} {_cmdline(pid)}")
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except OSError:
+                        pass
+            holder.kill()
+            holder.wait(30)
+            wait_for("the namespaces to empty", lambda: not self.members(), 60)
+        self._remove_cgroups()
+        if self.leftovers:
+            log(f"killed leftovers: {self.leftovers}")
+
+    def _remove_cgroups(self) -> None:
+        """containerd puts containers' cgroups in <controller>/k8s.io/<id>; remove ours."""
+        for top in pathlib.Path("/sys/fs/cgroup").glob("*/k8s.io"):
+            for cid in self.container_ids:
+                d = top / cid
+                if d.is_dir():
+                    for dirpath, _, _ in os.walk(d, topdown=False):
+                        try:
+                            os.rmdir(dirpath)
+                        except OSError:
+                            pass
+            if str(top) not in self.cgroups_before:
+                try:
+                    os.rmdir(top)
+                except OSError:
+                    pass
+
+
+def host_mounts_under(path: pathlib.Path) -> list[str]:
+    """Mount points of this (the host's) mount namespace at or below `path`."""
+    out = []
+    for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines():
+        target = line.split()[4]
+        if target == str(path) or target.startswith(str(path) + "/"):
+            out.append(target)
+    return out
+
+
+def tools_missing(tools: Iterable[str]) -> list[str]:
+    return [t for t in tools if shutil.which(t) is None]
