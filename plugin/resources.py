@@ -91,6 +91,9 @@ class ResourceOptions:
     nic_policy: str = "spread"
     #: Where NIC Allocate responses find device nodes (vfio, /dev/infiniband...), for the default pool.
     dev_root: str = "/dev"
+    #: The GPU–NIC pairing window in seconds (0: off). Not used to build resources: it travels with
+    #: them because a config reload applies it live, as it applies them (`plugin.pairing_service`).
+    pairing_window_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.device_id_strategy not in ID_STRATEGIES:

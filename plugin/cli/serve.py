@@ -10,6 +10,7 @@ import click
 from ..daemon import Daemon, DaemonOptions
 from ..errors import RuntimeFailure
 from ..logging_setup import setup_logging
+from ..pod_resources import socket_path
 from .options import Settings, make_source, resource_options, resource_reloader, with_settings
 from .routing import Command
 
@@ -25,7 +26,8 @@ def serve(settings: Settings) -> None:
     options = resource_options(settings)
     daemon = Daemon(
         source,
-        DaemonOptions(plugin_dir=plugin_dir, metrics_address=v["metrics_address"], config_path=settings.config.path),
+        DaemonOptions(plugin_dir=plugin_dir, metrics_address=v["metrics_address"], config_path=settings.config.path,
+                      pod_resources_socket=socket_path(v["kubelet_root_dir"]) if v["pod_resources"] else None),
         options,
         reload_resources=resource_reloader(settings),
     )
