@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from allocator.pairing import NO_PARTNERS, Matching, PairingIndex, Partners, pair_label
+from allocator.pairing import NO_PARTNERS, PairingIndex, Partners, pair_label
 from allocator.topology import NodeTopology
 
 from .pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
@@ -101,17 +101,5 @@ class PairingService:
         self.groups.on_allocate(resource, ids)
         if resource in before:  # this Allocate starts the next container's group
             return ()
-        return self._pairs(resource, ids, before)
+        return tuple(Pair(d, p, w) for d, p, w in self.index.match(resource, list(ids), before))
 
-    def _pairs(self, resource: str, ids: Sequence[str], group: Mapping[str, tuple[str, ...]]) -> tuple[Pair, ...]:
-        cross = self.index.cross
-        cols = [(r, i) for r, got in group.items() for i in got]
-        if not cols:
-            return ()
-        m = Matching(len(cols))
-        rows = []
-        for i in ids:
-            to = cross.get((resource, i), {})
-            rows.append(i)
-            m.push([to.get(c, 0) for c in cols])
-        return tuple(Pair(rows[r], f"{cols[c][0]}={cols[c][1]}", m.rows[r][c]) for r, c in m.pairs())

@@ -63,6 +63,8 @@ class Call:
     ids: tuple[str, ...] = ()
     #: Wall time of the RPC as the client saw it.
     seconds: float = 0.0
+    #: When it was sent (time.monotonic).
+    t: float = 0.0
 
 
 @dataclass
@@ -144,14 +146,14 @@ class StandinDeviceManager:
 
     async def _preferred(self, res: str, pod: str, container: str, available: list[str], must: list[str],
                          size: int) -> list[str]:
-        started = time.perf_counter()
+        t, started = time.monotonic(), time.perf_counter()
         ids = await self.kubelet.preferred(res, available, must, size)
         self.calls.append(Call("GetPreferredAllocation", res, pod, container, tuple(available), tuple(must), size,
-                               tuple(ids), time.perf_counter() - started))
+                               tuple(ids), time.perf_counter() - started, t))
         return ids
 
     async def _allocate(self, res: str, pod: str, container: str, ids: list[str]) -> None:
-        started = time.perf_counter()
+        t, started = time.monotonic(), time.perf_counter()
         await self.kubelet.allocate(res, ids)
         self.calls.append(Call("Allocate", res, pod, container, ids=tuple(ids),
-                               seconds=time.perf_counter() - started))
+                               seconds=time.perf_counter() - started, t=t))

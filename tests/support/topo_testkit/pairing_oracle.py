@@ -89,14 +89,21 @@ class Oracle:
     def criteria(self, resource: str, available: Iterable[str], chosen: Iterable[str],
                  partners: Mapping[str, Sequence[str]]) -> tuple[int, ...]:
         """The spec's criteria of `chosen` (smaller is better), the fixed rule left out."""
+        chosen = list(chosen)
+        rest = [i for i in available if i not in set(chosen)]
+        dev = self.devices[resource]
+        left = sum(self._w(dev[a], dev[b]) for a, b in itertools.combinations(rest, 2))
+        return self._criteria(resource, chosen, left, self._partners(resource, partners))
+
+    def _partners(self, resource: str, partners: Mapping[str, Sequence[str]]) -> list[Device]:
+        return [self.devices[r][i] for r, ids in partners.items() if r != resource and r in self.devices
+                for i in dict.fromkeys(ids) if i in self.devices[r]]
+
+    def _criteria(self, resource: str, chosen: Sequence[str], left: int, p: Sequence[Device]) -> tuple[int, ...]:
         dev = self.devices[resource]
         s = [dev[i] for i in chosen]
-        rest = [dev[i] for i in available if i not in set(chosen)]
-        p = [self.devices[r][i] for r, ids in partners.items() if r != resource and r in self.devices
-             for i in dict.fromkeys(ids) if i in self.devices[r]]
-        span = len({d.numa for d in s + p if d.numa is not None})
+        span = len({d.numa for d in [*s, *p] if d.numa is not None})
         w = sum(self._w(a, b) for a, b in itertools.combinations(s, 2))
-        left = sum(self._w(a, b) for a, b in itertools.combinations(rest, 2))
         x = _matching_weight([[self._pair_w(a, b) for b in p] for a in s]) if p else 0
         ports = len({d.port or d.name for d in s})
         policy = self.policies[resource]
@@ -112,11 +119,20 @@ class Oracle:
 
     def best(self, resource: str, available: Sequence[str], must: Sequence[str], size: int,
              partners: Mapping[str, Sequence[str]]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The best criteria over every S, and one S that has them.
+
+        W(A \\ S) by the identity W(A) - (weights from S to all of A) + W(S), so a node of 16
+        devices is enumerated in well under a second; `check` computes it pair by pair."""
+        dev = self.devices[resource]
+        p = self._partners(resource, partners)
+        total = sum(self._w(dev[a], dev[b]) for a, b in itertools.combinations(available, 2))
+        deg = {i: sum(self._w(dev[i], dev[j]) for j in available if j != i) for i in available}
         rest = [i for i in available if i not in set(must)]
         top: tuple[tuple[int, ...], tuple[str, ...]] | None = None
         for combo in itertools.combinations(rest, size - len(must)):
             s = (*must, *combo)
-            key = self.criteria(resource, available, s, partners)
+            inner = sum(self._w(dev[a], dev[b]) for a, b in itertools.combinations(s, 2))
+            key = self._criteria(resource, s, total - sum(deg[i] for i in s) + inner, p)
             if top is None or key < top[0]:
                 top = (key, s)
         assert top is not None
