@@ -14,7 +14,11 @@ import time
 
 import click
 
+from allocator.pairing import pair_label
+from allocator.topology import DeviceKind
+
 from ..daemon import Daemon, DaemonOptions
+from ..demo.device_manager import ContainerSpec, StandinDeviceManager
 from ..demo.kubelet_standin import KubeletStandin
 from ..logging_setup import setup_logging
 from ..render import plural
@@ -60,6 +64,9 @@ async def _demo(settings: Settings, hold: float, out) -> int:
                 out(f"Allocate({', '.join(pick)}) -> envs {dict(resp.envs)}"
                     + (f", devices {[d.host_path for d in resp.devices]}" if resp.devices else "")
                     + (f", cdi {[c.name for c in resp.cdi_devices]}" if resp.cdi_devices else ""))
+                nics = [n for n in names if daemon.servers[n].service.resource.kind is DeviceKind.NIC]
+                if nics:
+                    await _paired_pod(daemon, kubelet, gpu, nics[0], pick, out)
             if hold:
                 out(f"\nserving for {hold:.0f} s (Ctrl-C to stop)...")
                 try:
@@ -74,6 +81,22 @@ async def _demo(settings: Settings, hold: float, out) -> int:
                 await kubelet.stop()
         out(f"\ndaemon stopped (exit {code}); sockets removed")
         return code
+
+
+async def _paired_pod(daemon: Daemon, kubelet: KubeletStandin, gpu: str, nic: str, taken: list[str],
+                      out) -> None:
+    """Another container, asking GPUs and NICs, walked as the kubelet does (its GPUs first here):
+    its NIC request has its GPUs as partners (GPU–NIC pairing, docs/pairing.md)."""
+    n = min(2, len(kubelet.devices(gpu)) - len(taken), len(kubelet.devices(nic)))
+    if n < 1:
+        return
+    dm = StandinDeviceManager(kubelet, shuffle_resources=False)
+    dm.in_use[gpu] = set(taken)
+    got = (await dm.admit("demo", [ContainerSpec("main", {gpu: n, nic: n})]))["main"]
+    out(f"\nA container asking {n} GPUs and {n} NICs (the kubelet asks for one resource, then the other): "
+        f"{gpu} {', '.join(got[gpu])}, {nic} {', '.join(got[nic])}")
+    pairs = daemon.pairing.index.match(gpu, list(got[gpu]), {nic: got[nic]})
+    out("  pairs: " + (", ".join(f"{d} ~ {p.split('=', 1)[1]} {pair_label(w)}" for d, p, w in pairs) or "none"))
 
 
 @click.command(cls=Command)
