@@ -48,7 +48,8 @@ sys.path.insert(0, str(ROOT.parent / "tests" / "support"))
 
 from allocator.topology import DeviceKind  # noqa: E402
 from allocator_bench import pct, table  # noqa: E402
-from plugin.demo.device_manager import ContainerSpec, StandinDeviceManager  # noqa: E402
+from pairing_bench import churn  # noqa: E402
+from plugin.demo.device_manager import StandinDeviceManager, pod  # noqa: E402
 from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
 from plugin.resources import ResourceOptions, build_resources  # noqa: E402
 from plugin.sources.simulated import load_simulated  # noqa: E402
@@ -133,20 +134,15 @@ class Mirror:
 async def walk(dm: StandinDeviceManager, gpu: str, nic: str, pods: int, seed: int, on_pod=None) -> None:
     """The pod sequence with churn (the same for every run with the same seed and answers)."""
     seq = random.Random(seed)
-    await dm.admit("warm-up", [ContainerSpec("main", {gpu: 1, nic: 1})])
+    await dm.admit(pod("warm-up", {gpu: 1, nic: 1}))
     dm.release("warm-up")
     dm.calls.clear()
     running: list[str] = []
     cap = min(4, len(dm.kubelet.devices(gpu)), len(dm.kubelet.devices(nic)))
     for n in range(pods):
         g = seq.randint(1, cap)
-        for uid in list(running):
-            if seq.random() < 0.25:
-                running.remove(uid)
-                dm.release(uid)
-        while dm.free(gpu) < g or dm.free(nic) < g:
-            dm.release(running.pop(seq.randrange(len(running))))
-        got = (await dm.admit(f"pod{n}", [ContainerSpec("main", {gpu: g, nic: g})]))["main"]
+        churn(seq, running, dm.release, lambda: dm.free(gpu) >= g and dm.free(nic) >= g)
+        got = (await dm.admit(pod(f"pod{n}", {gpu: g, nic: g})))["main"]
         running.append(f"pod{n}")
         if on_pod is not None:
             on_pod(g, got)

@@ -18,7 +18,7 @@ from allocator.pairing import pair_label
 from allocator.topology import DeviceKind
 
 from ..daemon import Daemon, DaemonOptions
-from ..demo.device_manager import ContainerSpec, StandinDeviceManager
+from ..demo.device_manager import StandinDeviceManager, pod
 from ..demo.kubelet_standin import KubeletStandin
 from ..logging_setup import setup_logging
 from ..render import plural
@@ -92,7 +92,7 @@ async def _paired_pod(daemon: Daemon, kubelet: KubeletStandin, gpu: str, nic: st
         return
     dm = StandinDeviceManager(kubelet, shuffle_resources=False)
     dm.in_use[gpu] = set(taken)
-    got = (await dm.admit("demo", [ContainerSpec("main", {gpu: n, nic: n})]))["main"]
+    got = (await dm.admit(pod("demo", {gpu: n, nic: n})))["main"]
     out(f"\nA container asking {n} GPUs and {n} NICs (the kubelet asks for one resource, then the other): "
         f"{gpu} {', '.join(got[gpu])}, {nic} {', '.join(got[nic])}")
     pairs = daemon.pairing.index.match(gpu, list(got[gpu]), {nic: got[nic]})

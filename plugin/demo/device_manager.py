@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from allocator.topologymanager.device_hints import DeviceInfo
 from allocator.topologymanager.devices_to_allocate import devices_to_allocate
 from allocator.topologymanager.hint import TopologyHint
+from allocator.topologymanager.pod import Container, Pod
 
 from .kubelet_standin import KubeletStandin
 
@@ -38,14 +39,13 @@ from .kubelet_standin import KubeletStandin
 NO_AFFINITY = TopologyHint(None, True)
 
 
-@dataclass(frozen=True)
-class ContainerSpec:
-    name: str
-    #: resource -> devices (extended resources have requests = limits).
-    limits: Mapping[str, int]
-    init: bool = False
-    #: A restartable init container (sidecar) keeps its devices.
-    restartable: bool = False
+def pod(uid: str, *containers: Mapping[str, int], init: Mapping[str, int] | None = None,
+        names: tuple[str, ...] = ()) -> Pod:
+    """A pod of app containers with these limits (named `names`, else `main`, `c1`, ...), and one
+    non-restartable init container `init` with `init` limits when given."""
+    apps = tuple(Container(names[i] if i < len(names) else ("main" if i == 0 else f"c{i}"), dict(lim))
+                 for i, lim in enumerate(containers))
+    return Pod(uid, apps, (Container("init", dict(init)),) if init else (), name=uid)
 
 
 @dataclass(frozen=True)
@@ -79,16 +79,16 @@ class StandinDeviceManager:
     shuffle_resources: bool = True
     calls: list[Call] = field(default_factory=list)
     in_use: dict[str, set[str]] = field(default_factory=dict)
-    #: pod -> container -> resource -> devices.
+    #: pod UID -> container -> resource -> devices.
     pods: dict[str, dict[str, dict[str, tuple[str, ...]]]] = field(default_factory=dict)
-    #: Pod specs of the admitted pods (for the pod-resources view).
-    specs: dict[str, tuple[ContainerSpec, ...]] = field(default_factory=dict)
+    #: The admitted pods by UID (for the pod-resources view).
+    specs: dict[str, Pod] = field(default_factory=dict)
 
     def free(self, resource: str) -> int:
         healthy = [d for d in self.kubelet.devices(resource).values() if d.health == "Healthy"]
         return len(healthy) - len(self.in_use.get(resource, ()))
 
-    async def admit(self, pod: str, containers: Sequence[ContainerSpec]) -> dict[str, dict[str, tuple[str, ...]]]:
+    async def admit(self, spec: Pod) -> dict[str, dict[str, tuple[str, ...]]]:
         """Admit one pod (init containers first); returns container -> resource -> devices.
 
         Raises `DeviceAllocationError` (the kubelet's message) or the plugin's gRPC error, as the
@@ -96,9 +96,10 @@ class StandinDeviceManager:
         """
         loop = asyncio.get_running_loop()
         reuse: dict[str, set[str]] = {}
+        pod = spec.uid
         got_pod = self.pods.setdefault(pod, {})
-        self.specs[pod] = tuple(containers)
-        for c in sorted(containers, key=lambda c: not c.init):
+        self.specs[pod] = spec
+        for c in spec.all_containers():
             got: dict[str, tuple[str, ...]] = {}
             got_pod[c.name] = got
             order = list(c.limits)
@@ -125,7 +126,7 @@ class StandinDeviceManager:
                 self.in_use.setdefault(res, set()).update(outcome.devices)
                 got[res] = outcome.devices
             for res, ids in got.items():
-                if c.init and not c.restartable:
+                if spec.is_init(c) and not c.restartable:
                     reuse.setdefault(res, set()).update(ids)
                 else:
                     reuse.setdefault(res, set()).difference_update(ids)

@@ -29,7 +29,7 @@ from topo_testkit.pod_resources_standin import PodResourcesStandin
 
 from plugin.api import api_pb2_grpc
 from plugin.daemon import Daemon, DaemonOptions
-from plugin.demo.device_manager import ContainerSpec, StandinDeviceManager
+from plugin.demo.device_manager import StandinDeviceManager, pod
 from plugin.demo.kubelet_standin import KubeletStandin
 from plugin.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
@@ -95,11 +95,11 @@ async def test_gpus_then_nics_and_nics_then_gpus_are_paired(plugin_dir):
     async with node(plugin_dir) as (_, kubelet):
         dm = StandinDeviceManager(kubelet, random.Random(1), shuffle_resources=False)
         # Asymmetric free sets first (a GPU-only and a NIC-only pod), so a blind choice would not pair.
-        await dm.admit("gpus", [ContainerSpec("c", {GPU: 2})])
-        await dm.admit("nics", [ContainerSpec("c", {NIC: 1})])
-        first = await dm.admit("gpu-first", [ContainerSpec("c", {GPU: 1, NIC: 1})])
+        await dm.admit(pod("gpus", {GPU: 2}, names=("c",)))
+        await dm.admit(pod("nics", {NIC: 1}, names=("c",)))
+        first = await dm.admit(pod("gpu-first", {GPU: 1, NIC: 1}, names=("c",)))
         dm.release("gpus")  # GPUs 0 and 1 free again while mlx5_0 stays taken: still asymmetric
-        second = await dm.admit("nic-first", [ContainerSpec("c", {NIC: 2, GPU: 2})])
+        second = await dm.admit(pod("nic-first", {NIC: 2, GPU: 2}, names=("c",)))
     partners = check_calls(dm, None)
     assert pix_pairs(first["c"]) == 1 and pix_pairs(second["c"]) == 2
     # The NIC request of the first pair and the GPU request of the second had the container's own devices.
@@ -110,9 +110,9 @@ async def test_without_pairing_the_same_pods_are_not_paired(plugin_dir):
     """The control of the test above (window 0): the spec's objectives without partners, blind choices."""
     async with node(plugin_dir, window_s=0.0) as (_, kubelet):
         dm = StandinDeviceManager(kubelet, random.Random(1), shuffle_resources=False)
-        await dm.admit("gpus", [ContainerSpec("c", {GPU: 2})])
-        await dm.admit("nics", [ContainerSpec("c", {NIC: 1})])
-        first = await dm.admit("gpu-first", [ContainerSpec("c", {GPU: 1, NIC: 1})])
+        await dm.admit(pod("gpus", {GPU: 2}, names=("c",)))
+        await dm.admit(pod("nics", {NIC: 1}, names=("c",)))
+        first = await dm.admit(pod("gpu-first", {GPU: 1, NIC: 1}, names=("c",)))
     assert all(p == {} for p in check_calls(dm, 0))
     assert pix_pairs(first["c"]) == 0
 
@@ -120,12 +120,10 @@ async def test_without_pairing_the_same_pods_are_not_paired(plugin_dir):
 async def test_init_container_devices_are_reused_and_pairing_follows_the_container(plugin_dir):
     async with node(plugin_dir) as (_, kubelet):
         dm = StandinDeviceManager(kubelet, random.Random(2), shuffle_resources=False)
-        await dm.admit("busy", [ContainerSpec("c", {GPU: 2, NIC: 1})])
-        got = await dm.admit("pod", [ContainerSpec("init", {GPU: 1, NIC: 1}, init=True),
-                                     ContainerSpec("app", {GPU: 3, NIC: 3})])
+        await dm.admit(pod("busy", {GPU: 2, NIC: 1}, names=("c",)))
+        got = await dm.admit(pod("pod", {GPU: 3, NIC: 3}, init={GPU: 1, NIC: 1}, names=("app",)))
         dm.release("busy")  # mlx5_1's GPU free again, so the next pod's NIC can have its PIX GPU
-        same = await dm.admit("same", [ContainerSpec("init", {NIC: 1, GPU: 1}, init=True),
-                                       ContainerSpec("app", {GPU: 1, NIC: 1})])
+        same = await dm.admit(pod("same", {GPU: 1, NIC: 1}, init={NIC: 1, GPU: 1}, names=("app",)))
     check_calls(dm, None)
     init, app = got["init"], got["app"]
     assert set(init[GPU]) < set(app[GPU]) and set(init[NIC]) < set(app[NIC])  # reuse first
@@ -143,8 +141,8 @@ async def test_init_container_devices_are_reused_and_pairing_follows_the_contain
 async def test_two_containers_of_one_pod_each_get_their_own_pairs(plugin_dir):
     async with node(plugin_dir) as (_, kubelet):
         dm = StandinDeviceManager(kubelet, random.Random(3), shuffle_resources=False)
-        await dm.admit("gpus", [ContainerSpec("c", {GPU: 1})])
-        got = await dm.admit("pod", [ContainerSpec("a", {GPU: 2, NIC: 2}), ContainerSpec("b", {NIC: 3, GPU: 3})])
+        await dm.admit(pod("gpus", {GPU: 1}, names=("c",)))
+        got = await dm.admit(pod("pod", {GPU: 2, NIC: 2}, {NIC: 3, GPU: 3}, names=("a", "b")))
     partners = check_calls(dm, None)
     assert pix_pairs(got["a"]) == 2 and pix_pairs(got["b"]) == 3
     # Container b's first call (NICs) ended a's group: no partners from a.
@@ -164,12 +162,10 @@ async def test_random_pods_with_churn_every_answer_optimal_and_every_gpu_paired(
         orders = set()
         for n in range(24):
             g = rng.randint(1, 4)
-            containers = [ContainerSpec("main", {GPU: g, NIC: g})]
-            if rng.random() < 0.3:
-                containers.insert(0, ContainerSpec("init", {GPU: 1, NIC: 1}, init=True))
+            init = {GPU: 1, NIC: 1} if rng.random() < 0.3 else None
             while running and (dm.free(GPU) < g or dm.free(NIC) < g or rng.random() < 0.3):
                 dm.release(running.pop(rng.randrange(len(running))))
-            got = await dm.admit(f"pod{n}", containers)
+            got = await dm.admit(pod(f"pod{n}", {GPU: g, NIC: g}, init=init))
             running.append(f"pod{n}")
             assert pix_pairs(got["main"]) == g, (f"pod{n}", got)
             orders.add(tuple(c.resource for c in dm.calls if c.pod == f"pod{n}" and c.container == "main")[:1])
@@ -223,8 +219,8 @@ async def test_several_container_requests_in_one_call_share_the_calls_partners(p
 async def test_pairs_and_their_links_are_counted(plugin_dir):
     async with node(plugin_dir) as (daemon, kubelet):
         dm = StandinDeviceManager(kubelet, random.Random(4), shuffle_resources=False)
-        await dm.admit("a", [ContainerSpec("c", {GPU: 2, NIC: 2})])
-        await dm.admit("b", [ContainerSpec("c", {NIC: 1, GPU: 1})])
+        await dm.admit(pod("a", {GPU: 2, NIC: 2}, names=("c",)))
+        await dm.admit(pod("b", {NIC: 1, GPU: 1}, names=("c",)))
         # A container the plugin cannot help: its NIC is across the sockets from its GPU (SYS).
         async with grpc.aio.insecure_channel(f"unix:{plugin_dir}/{kubelet.registrations_of(GPU)[0].endpoint}") as ch:
             await api_pb2_grpc.DevicePluginStub(ch).Allocate(allocate_request(["7"]))
@@ -279,16 +275,15 @@ async def test_with_pod_resources_the_spec_rule_still_holds(plugin_dir, caplog):
         await lister.start(socket)
         try:
             # Held for the whole test, so blind choices and paired ones differ.
-            await dm.admit("gpus", [ContainerSpec("c", {GPU: 1})])
-            await dm.admit("nics", [ContainerSpec("c", {NIC: 2})])
+            await dm.admit(pod("gpus", {GPU: 1}, names=("c",)))
+            await dm.admit(pod("nics", {NIC: 2}, names=("c",)))
             rng = random.Random(6)
             running: list[str] = []
             for n in range(12):
                 g = rng.randint(1, 2)
-                containers = [ContainerSpec("init", {GPU: 1, NIC: 1}, init=True), ContainerSpec("main", {GPU: g, NIC: g})]
                 while running and (dm.free(GPU) < g or dm.free(NIC) < g or rng.random() < 0.3):
                     dm.release(running.pop(0))
-                await dm.admit(f"pod{n}", containers)
+                await dm.admit(pod(f"pod{n}", {GPU: g, NIC: g}, init={GPU: 1, NIC: 1}))
                 running.append(f"pod{n}")
         finally:
             await lister.stop()
@@ -307,7 +302,7 @@ async def test_pod_resources_drops_partners_of_a_container_that_already_holds_th
         lister = PodResourcesStandin(dm)
         await lister.start(socket)
         try:
-            dm.specs["slow"] = (ContainerSpec("c", {NIC: 1, GPU: 1}),)
+            dm.specs["slow"] = pod("slow", {NIC: 1, GPU: 1}, names=("c",))
             dm.pods["slow"] = {"c": {NIC: ("mlx5_0",)}}
             await kubelet.allocate(NIC, ["mlx5_0"])
             clock.now += 5
@@ -326,7 +321,7 @@ async def test_a_missing_pod_resources_socket_is_one_info_line_and_pairing_goes_
     async with node(plugin_dir, pod_resources_socket=socket) as (_, kubelet):
         dm = StandinDeviceManager(kubelet, random.Random(8), shuffle_resources=False)
         for n in range(3):
-            got = await dm.admit(f"p{n}", [ContainerSpec("c", {GPU: 1, NIC: 1})])
+            got = await dm.admit(pod(f"p{n}", {GPU: 1, NIC: 1}, names=("c",)))
             assert pix_pairs(got["c"]) == 1
     lines = [r for r in caplog.records if r.name == "plugin.pod_resources"]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO and "not found" in lines[0].getMessage()

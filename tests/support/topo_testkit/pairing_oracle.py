@@ -24,6 +24,21 @@ from dataclasses import dataclass
 from allocator.topology import Device, DeviceKind, NodeTopology
 
 
+def spec_order(policy: str, span: int, w: int, x: int, left: int, ports: int) -> tuple[int, ...]:
+    """The spec's criteria with partners in each policy's order, smaller is better: span is
+    span(S u P), w is W(S), x is X(S, P), left is W(A \\ S). Without partners x = 0 and span is
+    span(S), which gives the objectives without partners."""
+    if policy == "numa-first":
+        return (span, -w, -x, -left)
+    if policy == "link-first":
+        return (-w, span, -x, -left)
+    if policy == "spread":
+        return (span, -x, -ports, -w, -left)
+    if policy == "packed":
+        return (span, -x, ports, -w, -left)
+    raise ValueError(policy)
+
+
 @dataclass(frozen=True)
 class LoggedCall:
     method: str  # "GetPreferredAllocation" or "Allocate"
@@ -106,16 +121,7 @@ class Oracle:
         w = sum(self._w(a, b) for a, b in itertools.combinations(s, 2))
         x = _matching_weight([[self._pair_w(a, b) for b in p] for a in s]) if p else 0
         ports = len({d.port or d.name for d in s})
-        policy = self.policies[resource]
-        if policy == "numa-first":
-            return (span, -w, -x, -left)
-        if policy == "link-first":
-            return (-w, span, -x, -left)
-        if policy == "spread":
-            return (span, -x, -ports, -w, -left)
-        if policy == "packed":
-            return (span, -x, ports, -w, -left)
-        raise ValueError(policy)
+        return spec_order(self.policies[resource], span, w, x, left, ports)
 
     def best(self, resource: str, available: Sequence[str], must: Sequence[str], size: int,
              partners: Mapping[str, Sequence[str]]) -> tuple[tuple[int, ...], tuple[str, ...]]:

@@ -28,14 +28,12 @@ class PodResourcesStandin(api_pb2_grpc.PodResourcesListerServicer):
     async def List(self, request, context):  # noqa: N802 (gRPC name)
         self.list_calls += 1
         out = api_pb2.ListPodResourcesResponse()
-        for pod, specs in self.manager.specs.items():
-            got = self.manager.pods.get(pod, {})
-            p = out.pod_resources.add(name=pod, namespace=self.namespace)
-            for spec in specs:
-                if spec.init and not spec.restartable:
-                    continue
-                c = p.containers.add(name=spec.name)
-                for res, ids in got.get(spec.name, {}).items():
+        for uid, spec in self.manager.specs.items():
+            got = self.manager.pods.get(uid, {})
+            p = out.pod_resources.add(name=spec.name or uid, namespace=self.namespace)
+            for container in (*(c for c in spec.init_containers if c.restartable), *spec.containers):
+                c = p.containers.add(name=container.name)
+                for res, ids in got.get(container.name, {}).items():
                     c.devices.add(resource_name=res, device_ids=list(ids))
         return out
 
