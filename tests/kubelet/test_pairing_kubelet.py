@@ -27,8 +27,10 @@ import random
 import pytest
 from kubelet_testlib import (
     GPU,
+    LONG_PAIRING_WINDOW,
     NIC,
     TAP_DIR,
+    call_partners,
     check_admitted_pod,
     check_no_double_assignment,
     check_preferred_calls,
@@ -40,7 +42,7 @@ from kubelet_testlib import (
     start_plugin,
     wait_all,
 )
-from topo_testkit.pairing_oracle import LoggedCall, oracle_for, spec_partners
+from topo_testkit.pairing_oracle import oracle_for
 
 from plugin.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
@@ -79,36 +81,21 @@ def pods(seed: int, n: int) -> tuple[list[dict], list[str]]:
     return steps, deleted
 
 
-def logged_calls(rpcs: list[dict]) -> list[LoggedCall]:
-    """The tapped GetPreferredAllocation/Allocate calls, in order (rejected Allocates left out, as the spec's
-    groups only hold accepted ones; there are none here)."""
-    out = []
-    for r in rpcs:
-        if r.get("error"):
-            continue
-        if r["method"] == "GetPreferredAllocation":
-            out.append(LoggedCall(r["method"], r["resource"]))
-        elif r["method"] == "Allocate":
-            out.append(LoggedCall(r["method"], r["resource"], tuple(r["request"][0])))
-    return out
-
-
 @pytest.mark.parametrize("policy", ["none", "best-effort"])
 def test_every_answer_is_the_spec_optimum_and_every_gpu_gets_its_pix_nic(harness, tmp_path, policy):
     disc = discover(NODE)
     admits, deleted = pods(seed=7 if policy == "none" else 8, n=40)
-    argv = daemon_argv(NODE, "--pairing-window-ms", "60000", plugin_dir=TAP_DIR)
+    argv = daemon_argv(NODE, *LONG_PAIRING_WINDOW, plugin_dir=TAP_DIR)
     steps = [start_kubelet(policy, "container"), {"op": "start_tap", "dir": TAP_DIR}, start_plugin(argv),
              *wait_all(disc, timeout=20), *admits, {"op": "snapshot"}]
     run = harness.run(steps, machine_for(NODE), tmp_path)
 
     topology = load_simulated(NODE)
     oracle = oracle_for(topology, build_resources(topology, ResourceOptions(device_id_strategy="index")))
-    rpcs = [r for r in run.rpcs if r["method"] in ("GetPreferredAllocation", "Allocate")]
-    partners = iter(spec_partners(logged_calls(rpcs), None))
+    partners = iter(call_partners(run.rpcs))
     problems: list[str] = []
     with_partners = 0
-    for r in rpcs:
+    for r in run.rpcs:
         if r["method"] != "GetPreferredAllocation" or r.get("error"):
             continue
         p = next(partners)
