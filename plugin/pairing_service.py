@@ -32,6 +32,7 @@ on and off can be compared.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from allocator.topology import NodeTopology
 
 from .pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
 from .pod_resources import PodResourcesReader, drop_stale
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,11 @@ class PairingService:
             return NO_PARTNERS
         index = self.index  # the one in force when the call arrived
         if self.pod_resources is not None:
-            holdings = await self.pod_resources.holdings()
+            try:
+                holdings = await self.pod_resources.holdings()
+            except Exception:  # a bug in the optional check must never fail the kubelet's request
+                log.exception("pod-resources check failed (a bug); partners left as they are")
+                holdings = None
             if holdings is not None:
                 group = drop_stale(resource, group, holdings)
         return index.partners(resource, group)

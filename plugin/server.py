@@ -191,7 +191,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             # The first container request always gets the policy's full budget (see plugin.preferred).
             result = await pool.run(preferred.search, policy, resource.graph, req, deadline if n else None)
             self._metrics.preferred(resource.name, time.perf_counter() - started, result.optimal)
-            if result.pairs:
+            if result.pairs and log.isEnabledFor(logging.DEBUG):
                 log.debug("preferred allocation paired", extra={
                     "resource": resource.name, "ids": ",".join(result.ids), "pairing": result.pairing,
                     "pairs": ", ".join(f"{d}~{p} {pair_label(w)}" for d, p, w in result.pairs)})

@@ -326,3 +326,22 @@ async def test_a_missing_pod_resources_socket_is_one_info_line_and_pairing_goes_
     lines = [r for r in caplog.records if r.name == "plugin.pod_resources"]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO and "not found" in lines[0].getMessage()
     assert not os.path.exists(socket)
+
+
+async def test_a_pod_resources_socket_that_does_not_answer_leaves_pairing_as_it_is(plugin_dir, caplog):
+    """Something at the socket path that is no pod-resources server (here a plain file): one INFO
+    line, the requests are answered with the call sequence's partners."""
+    caplog.set_level(logging.INFO, logger="plugin.pod_resources")
+    socket = os.path.join(plugin_dir, "pr", "kubelet.sock")
+    os.makedirs(os.path.dirname(socket))
+    with open(socket, "w") as f:
+        f.write("not a socket")
+    async with node(plugin_dir, pod_resources_socket=socket) as (_, kubelet):
+        dm = StandinDeviceManager(kubelet, random.Random(9), shuffle_resources=False)
+        for n in range(2):
+            got = await dm.admit(pod(f"p{n}", {GPU: 2, NIC: 2}))
+            assert pix_pairs(got["main"]) == 2
+    check_calls(dm, None)
+    lines = [r for r in caplog.records if r.name == "plugin.pod_resources"]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO, [r.getMessage() for r in lines]
+    assert "cannot read pod-resources" in lines[0].getMessage()
