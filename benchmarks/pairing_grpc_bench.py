@@ -103,7 +103,7 @@ class Mirror:
     as it is); per daemon the first round trip and the fastest are kept (the fastest filters out
     pauses other processes on the machine cause, as `allocator_bench` does)."""
 
-    def __init__(self, a: KubeletStandin, b: KubeletStandin, repeats: int = 3):
+    def __init__(self, a: KubeletStandin, b: KubeletStandin, repeats: int = 5):
         self.a, self.b = a, b
         self.repeats = repeats
         #: per call: (A first, A fastest, B first, B fastest), ms
@@ -235,7 +235,7 @@ async def share_table(nodes: list[str], pods: int, seed: int) -> None:
 async def latency_table(nodes: list[str], pods: int, seed: int) -> None:
     print(f"\n## 2. GetPreferredAllocation round trips over gRPC, ms p50/p99: the same {pods}-pod walk sent to"
           "\n##    two daemons, A (window 1 s, whose answers the walk uses) and B (window 0); each request goes"
-          "\n##    3 times to each, alternating; 'fastest' keeps each request's fastest round trip per daemon,"
+          "\n##    5 times to each, alternating; 'fastest' keeps each request's fastest round trip per daemon,"
           "\n##    'first' its first. The calls with partners at A are the acceptance pair (p99 ratio A/B).")
     rows = []
     for node in nodes:

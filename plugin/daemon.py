@@ -26,9 +26,11 @@ from dataclasses import dataclass
 
 from allocator import NodeTopology, Policy
 
+from .cdi.sync import SpecSync
 from .errors import InputError
 from .filewatch import watch_file
-from .metrics import HealthServer, Metrics
+from .health_endpoint import HealthServer
+from .metrics import Metrics
 from .pairing_service import PairingService
 from .pod_resources import PodResourcesReader
 from .preferred import DEFAULT_DEADLINE_S
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 class DaemonOptions:
     plugin_dir: str
     metrics_address: str | None = None
+    #: Where our CDI specs go (`plugin.cdi.sync`); None: never write any.
+    cdi_spec_dir: str | None = None
     #: Quiet time after a filesystem event before acting (one kubelet restart = one re-registration).
     debounce_s: float = 0.05
     #: After ending a stream a live kubelet still holds, wait this long before registering again,
@@ -144,6 +148,7 @@ class Daemon:
                                         options.preferred_deadline_s, self.pairing)
         self.health_server: HealthServer | None = None
         self.started = asyncio.Event()
+        self.cdi = SpecSync(options.cdi_spec_dir)
 
     @property
     def kubelet_socket(self) -> str:
@@ -177,13 +182,14 @@ class Daemon:
         log.info("topology discovered", extra={"source": self.source.description,
                                                "devices": len(self.topology.devices),
                                                "resources": ", ".join(r.name for r in resources) or "none"})
+        await asyncio.to_thread(self.cdi.sync, resources)  # specs before any device is advertised
         os.makedirs(self.options.plugin_dir, mode=0o750, exist_ok=True)
         self._warn_if_world_writable()
         watcher = PluginDirWatcher(self.options.plugin_dir, loop, self._on_kubelet_socket, self._on_socket_removed)
         watcher.start()
         if self.options.metrics_address:
             self.health_server = HealthServer(self.options.metrics_address, self.metrics, self.ready)
-            self.health_server.start()
+            await self.health_server.start()
         try:
             for r in resources:
                 self.servers[r.name] = self._new_server(r)
@@ -207,6 +213,7 @@ class Daemon:
             return 0
         finally:
             await self._shutdown(watcher)
+            await asyncio.to_thread(self.cdi.remove_all)  # after the servers: no Allocate names a removed spec
             if install_signals:
                 for sig in handlers:
                     loop.remove_signal_handler(sig)
@@ -255,7 +262,7 @@ class Daemon:
             await self.pairing.pod_resources.close()
         self.handling.limited_log.flush(force=True)
         if self.health_server:
-            self.health_server.stop()
+            await self.health_server.stop()
         log.info("stopped")
 
     async def _heartbeat(self) -> None:
@@ -290,6 +297,7 @@ class Daemon:
             return
         self.topology = topology
         self.metrics.topology_updates.inc()
+        await asyncio.to_thread(self.cdi.sync, resources, False)
         wanted = {r.name: r for r in resources}
         # Before the servers see the new resources, so no request meets IDs the index lacks.
         self.pairing.rebuild(topology, {r.name: r.devices for r in resources})
@@ -323,6 +331,13 @@ class Daemon:
             log.exception("config change ignored: internal error (a bug); keeping the running configuration",
                           extra={"config": self.options.config_path})
             return
+        if self.topology is not None:
+            try:  # options this node cannot serve (a MIG layout, a time-slicing entry) are refused whole
+                build_resources(self.topology, options)
+            except InputError as e:
+                log.warning("config change ignored; keeping the running configuration",
+                            extra={"config": self.options.config_path, "reason": str(e)})
+                return
         log.info("config changed", extra={"config": self.options.config_path})
         self.resource_options = options
         if self.topology is not None:

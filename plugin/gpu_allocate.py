@@ -1,4 +1,4 @@
-"""What a container gets for GPUs: `NVIDIA_VISIBLE_DEVICES`, device nodes, CDI names.
+"""What a container gets for GPUs and MIG devices: `NVIDIA_VISIBLE_DEVICES`, device nodes, CDI names.
 
 Why these pieces: the NVIDIA container runtime hook reads the env var (the
 `envvar` strategy); a CDI-capable runtime reads `cdi_devices` (`cdi-cri`) or
@@ -6,6 +6,23 @@ annotations (`cdi-annotations`); device specs keep GPU access working when
 the static CPU manager rewrites cgroups. Device nodes are only listed where
 they exist under `dev_root`, so a simulated node never hands the runtime a
 path that would make container creation fail.
+
+`NVIDIA_VISIBLE_DEVICES` is always set, because CUDA images set it to `all`
+and NVIDIA's runtime hook, where installed, acts on it:
+- with `envvar` (alone or with a CDI strategy): the IDs, so the hook mounts
+  the driver libraries for exactly these GPUs (on a node where the hook is
+  what provides them, `[envvar, cdi-cri]` gives device nodes through CDI and
+  libraries through the hook);
+- with CDI strategies only: `void`, so the hook adds nothing; the container
+  has exactly the devices of the CDI names (NVIDIA's CDI specs set `void`
+  for the same reason).
+
+A MIG device gets `nvidiactl`, its parent's `/dev/nvidia<minor>` and its GPU
+and compute instance capability nodes (`/dev/nvidia-caps/nvidia-cap<N>`), as
+NVIDIA's plugin passes them. CDI names come from the spec we wrote for the
+resource (`plugin.cdi_names.CdiNamingBuilder` wraps this builder); with
+`--cdi-specs external` they are `<cdi-vendor>/<cdi-class>=<UUID>` of a spec
+another tool generated.
 """
 
 from __future__ import annotations
@@ -14,19 +31,25 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from allocator.topology import Device
+from allocator.topology import Device, DeviceKind
 
 from .allocate_response import ContainerAllocation, DeviceNode
+from .cdi_names import add_names, uses_cdi
 from .errors import OptionError
 
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
+CDI_SPEC_MODES = ("write", "external")
 _CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+#: `Device.attributes` key of a MIG device's capability nodes (comma-separated `/dev/nvidia-caps/...`).
+CAPS = "caps"
 
 
 @dataclass(frozen=True)
 class GpuAllocateOptions:
     device_list_strategy: tuple[str, ...] = ("envvar",)
     dev_root: str = "/dev"
+    #: `write`: names come from our specs (`CdiNamingBuilder`); `external`: `<cdi_vendor>/<cdi_class>=<UUID>`.
+    cdi_specs: str = "write"
     cdi_vendor: str = "nvidia.com"
     cdi_class: str = "gpu"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
@@ -37,10 +60,29 @@ class GpuAllocateOptions:
             raise OptionError(
                 f"device list strategy {', '.join(bad) or '(empty)'} is not one of {', '.join(DEVICE_LIST_STRATEGIES)}"
             )
+        if self.cdi_specs not in CDI_SPEC_MODES:
+            raise OptionError(f"CDI spec mode {self.cdi_specs!r} is not one of {', '.join(CDI_SPEC_MODES)}")
+
+    @property
+    def uses_cdi(self) -> bool:
+        return uses_cdi(self.device_list_strategy)
+
+    @property
+    def writes_specs(self) -> bool:
+        """Allocate names devices from specs we write (a CDI strategy with `--cdi-specs write`)."""
+        return self.uses_cdi and self.cdi_specs == "write"
+
+
+def device_paths(d: Device) -> list[str]:
+    """The device nodes (below /dev) a container needs for one GPU or MIG device."""
+    paths = [f"nvidia{d.minor}"] if d.minor is not None else []
+    if d.kind is DeviceKind.MIG:
+        paths += [c.removeprefix("/dev/") for c in d.attributes.get(CAPS, "").split(",") if c]
+    return paths
 
 
 class GpuAllocateBuilder:
-    """Builds the response for one container's GPUs."""
+    """Builds the response for one container's GPUs or MIG devices (IDs of physical devices, each once)."""
 
     def __init__(self, options: GpuAllocateOptions, resource_name: str):
         self.options = options
@@ -54,21 +96,18 @@ class GpuAllocateBuilder:
 
     def build(self, ids: Sequence[str], devices: Sequence[Device]) -> ContainerAllocation:
         out = ContainerAllocation()
-        strategies = self.options.device_list_strategy
+        o = self.options
+        strategies = o.device_list_strategy
         if "envvar" in strategies:
             out.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
-        cdi_names = [
-            f"{self.options.cdi_vendor}/{self.options.cdi_class}={d.uuid or i}" for i, d in zip(ids, devices)
-        ]
-        if "cdi-cri" in strategies:
-            out.cdi_devices.extend(cdi_names)
-        if "cdi-annotations" in strategies:
-            # One key per plugin and resource, as the CDI annotation convention asks.
-            key = f"{self.options.cdi_annotation_prefix}topo-device-plugin_{self.resource_name.replace('/', '_')}"
-            out.annotations[key] = ",".join(cdi_names)
+        else:
+            out.envs["NVIDIA_VISIBLE_DEVICES"] = "void"
+        if o.uses_cdi and o.cdi_specs == "external":
+            names = [f"{o.cdi_vendor}/{o.cdi_class}={d.uuid or i}" for i, d in zip(ids, devices)]
+            add_names(out, names, strategies, o.cdi_annotation_prefix, self.resource_name)
         for d in devices:
-            if d.minor is not None:
-                node = self._node(f"nvidia{d.minor}")
+            for path in device_paths(d):
+                node = self._node(path)
                 if node:
                     out.add_device(node)
         if out.devices:

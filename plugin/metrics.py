@@ -1,25 +1,16 @@
-"""Prometheus metrics and the liveness/readiness endpoints.
+"""The daemon's Prometheus metrics.
 
 Why: none of the NIC plugins and few GPU plugins export anything, so
 operators cannot see registrations, kubelet restarts or allocation quality.
-`/healthz` answers while the event loop is alive (liveness probe); `/readyz`
-answers once every resource is registered with the kubelet (readiness).
-The HTTP server is prometheus-client's WSGI app in one daemon thread: it only
-reads values the asyncio loop writes.
+The HTTP endpoint that serves them (with `/healthz` and `/readyz`) is
+plugin/health_endpoint.py.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections.abc import Callable
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-
-log = logging.getLogger(__name__)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class Metrics:
@@ -52,6 +43,11 @@ class Metrics:
                              "Allocate completed them", ["resource"], registry=r)
         self.pair_links = Counter("topo_dp_pair_links_total", "Link type between each paired GPU and its NIC",
                                   ["link"], registry=r)
+        self.http_connections_dropped = Counter(
+            "topo_dp_http_connections_dropped_total",
+            "HTTP endpoint connections cut: timeout (request or response too slow), evicted (the oldest "
+            "idle one, to admit a new one at the cap), full (every connection busy), bad_request",
+            ["reason"], registry=r)
         self.heartbeat = time.monotonic()
 
     def rpc(self, method: str, resource: str) -> None:
@@ -79,52 +75,8 @@ class Metrics:
         self.devices.labels(resource, "Healthy").set(healthy)
         self.devices.labels(resource, "Unhealthy").set(unhealthy)
 
+    def http_dropped(self, reason: str) -> None:
+        self.http_connections_dropped.labels(reason).inc()
+
     def beat(self) -> None:
         self.heartbeat = time.monotonic()
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
-        log.debug("http " + format, *args)
-
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class HealthServer:
-    """Serves /metrics, /healthz and /readyz on HOST:PORT in a daemon thread."""
-
-    def __init__(self, address: str, metrics: Metrics, ready: Callable[[], tuple[bool, str]],
-                 stale_after: float = 15.0):
-        host, _, port = address.rpartition(":")
-        self.metrics = metrics
-        self.ready = ready
-        self.stale_after = stale_after
-        self._metrics_app = make_wsgi_app(metrics.registry)
-        self._server = make_server(host.strip("[]") or "0.0.0.0", int(port), self._app,
-                                   server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
-        self.port = self._server.server_port
-        self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
-
-    def _app(self, environ, start_response):
-        path = environ.get("PATH_INFO", "")
-        if path == "/healthz":
-            age = time.monotonic() - self.metrics.heartbeat
-            ok = age < self.stale_after
-            body = "ok\n" if ok else f"event loop stalled for {age:.1f}s\n"
-            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [body.encode()]
-        if path == "/readyz":
-            ok, why = self.ready()
-            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [(why + "\n").encode()]
-        return self._metrics_app(environ, start_response)
-
-    def start(self) -> None:
-        self._thread.start()
-        log.info("metrics and health endpoints listening", extra={"port": self.port})
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()

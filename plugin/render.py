@@ -20,11 +20,16 @@ def _table(rows: list[list[str]], header: list[str]) -> list[str]:
     return [fmt.format(*header).rstrip()] + [fmt.format(*map(str, r)).rstrip() for r in rows]
 
 
+def _linked(topology: NodeTopology) -> list:
+    """GPUs and NICs: the devices with links (a MIG device has its parent GPU's)."""
+    return [d for d in topology.devices if d.kind is not DeviceKind.MIG]
+
+
 def link_matrix(topology: NodeTopology) -> list[str]:
-    """The `nvidia-smi topo -m` style matrix over every device, with a NUMA column."""
-    names = [d.name for d in topology.devices]
+    """The `nvidia-smi topo -m` style matrix over every GPU and NIC, with a NUMA column."""
+    names = [d.name for d in _linked(topology)]
     rows = []
-    for d in topology.devices:
+    for d in _linked(topology):
         cells = ["X" if o == d.name else topology.link(d.name, o).label for o in names]
         rows.append([d.name, *cells, "N/A" if d.numa is None else str(d.numa)])
     return _table(rows, ["", *names, "NUMA Affinity"])
@@ -50,12 +55,18 @@ def closest_nics(topology: NodeTopology, gpu: Device) -> tuple[str, list[str]]:
 
 
 def render_table(topology: NodeTopology, resources: list[Resource], description: str) -> str:
+    migs = topology.of_kind(DeviceKind.MIG)
     out = [f"Node {topology.source} ({description}): {plural(len(topology.gpus), 'GPU')}, "
-           f"{plural(len(topology.nics), 'NIC')}, "
+           + (f"{plural(len(migs), 'MIG device')}, " if migs else "")
+           + f"{plural(len(topology.nics), 'NIC')}, "
            f"NUMA nodes {', '.join(map(str, topology.numa_nodes)) or 'unknown'}", ""]
     for r in resources:
         out.append(f"Resource {r.name}  policy={r.policy}  socket={r.socket_name}  devices={len(r.devices)}")
-        if r.kind is DeviceKind.GPU:
+        if r.kind is DeviceKind.MIG:
+            rows = [[d.id, d.device.name, d.device.attributes.get("profile", "-"), _numa(d.numa), d.health,
+                     d.device.uuid or "-"] for d in r.devices]
+            out += ["  " + line for line in _table(rows, ["ID", "DEVICE", "PROFILE", "NUMA", "HEALTH", "UUID"])]
+        elif r.kind is DeviceKind.GPU:
             rows = [[d.id, d.device.name, _numa(d.numa), d.health, d.device.model or "-",
                      d.device.pci_bus_id or "-"] for d in r.devices]
             header = ["ID", "DEVICE", "NUMA", "HEALTH", "MODEL", "PCI"]
@@ -72,10 +83,13 @@ def render_table(topology: NodeTopology, resources: list[Resource], description:
             out += ["  " + line for line in _table(rows, ["ID", "DEVICE", "NUMA", "HEALTH", "PORT", "NETDEV",
                                                           "DRIVER"])]
         out.append("")
-    unserved = [d.name for d in topology.devices
-                if not any(rd.device.name == d.name for r in resources for rd in r.devices)]
+    served = {rd.device.name for r in resources for rd in r.devices}
+    unserved = [d.name for d in topology.nics if d.name not in served]
     if unserved:
         out += [f"Not served (no pool selects them): {', '.join(unserved)}", ""]
+    idle = [d for d in topology.gpus if d.name not in served] + [d for d in migs if d.name not in served]
+    if idle:
+        out += [f"Not served under this --mig-strategy: {', '.join(d.name for d in idle)}", ""]
     out.append("Links (X = self, NV# = bonded NVLinks, PIX/PXB/PHB/NODE/SYS = PCIe path):")
     out += link_matrix(topology)
     return "\n".join(out) + "\n"
@@ -88,7 +102,7 @@ def to_data(topology: NodeTopology, resources: list[Resource]) -> dict[str, Any]
         "devices": [
             {"name": d.name, "kind": d.kind.value, "index": d.index, "numa": d.numa, "health": d.health,
              "uuid": d.uuid, "pciBusId": d.pci_bus_id, "model": d.model, "port": d.port,
-             "attributes": dict(d.attributes),
+             "parent": d.parent, "attributes": dict(d.attributes),
              **({"closestNics": dict(zip(("link", "nics"), closest_nics(topology, d)))}
                 if d.kind is DeviceKind.GPU and topology.nics else {})}
             for d in topology.devices
@@ -108,7 +122,7 @@ def render_dot(topology: NodeTopology) -> str:
     """Graphviz: one cluster per NUMA node, NVLink edges bold, PCIe edges only when closer than NODE."""
     lines = ["graph topology {", '  graph [rankdir=LR, fontname="Helvetica"];', '  node [fontname="Helvetica"];']
     groups: dict[int | None, list[str]] = {}
-    for d in topology.devices:
+    for d in _linked(topology):
         groups.setdefault(d.numa, []).append(d.name)
     for numa, names in groups.items():
         indent = "  "

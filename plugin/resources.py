@@ -4,6 +4,12 @@ Why a layer of its own: the servers must know nothing of discovery or
 scoring. A `Resource` carries everything one server needs: the plugin IDs
 with health and NUMA, the allocator's `DeviceGraph` (built here, once per
 topology, never inside an RPC), the policy name and the Allocate builder.
+
+Order of the steps: GPU-family resources by MIG strategy
+(`plugin.mig_strategy`: whole GPUs, MIG devices per profile), time-slicing
+replicas of them (`plugin.time_slicing`), NIC pools; then, when Allocate
+names devices through CDI specs we write, each resource's spec
+(`plugin.cdi`), which the daemon writes and Allocate names from.
 """
 
 from __future__ import annotations
@@ -11,17 +17,23 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from allocator.subdevices import child_graph
 from allocator.topology import Device, DeviceGraph, DeviceKind, NodeTopology
 
 from .allocate_response import ContainerAllocation
+from .cdi import CdiOptions, CdiSpec, spec_for
+from .cdi_names import CdiNamingBuilder
+from .config.sharing import TimeSlicing
 from .errors import OptionError
 from .gpu_allocate import GpuAllocateBuilder, GpuAllocateOptions
+from .mig_strategy import GpuGroup, group_gpus
 from .nic_pools.pools import NicPool, default_pool
 from .resource_names import check_resource_name
 from .sources.errors import TopologyError
+from .time_slicing import apply_time_slicing
 
 __all__ = [
     "AllocateBuilder", "NicPool", "Resource", "ResourceDevice", "ResourceOptions", "build_resources",
@@ -29,6 +41,7 @@ __all__ = [
 ]
 
 ID_STRATEGIES = ("uuid", "index")
+MIG_STRATEGIES = ("none", "single", "mixed")
 _UUID_NS = uuid.UUID("6f1c3b9e-2a41-4d3f-9b7e-0c5d8e4f1a22")
 
 
@@ -60,6 +73,9 @@ class Resource:
     builder: AllocateBuilder = field(compare=False)
     #: Policy options passed to `get_policy` (e.g. the time budget).
     policy_options: Mapping[str, object] = field(default_factory=dict, compare=False)
+    #: The CDI spec we write for this resource (None: no CDI strategy, `--cdi-specs external`, or
+    #: nothing to inject); Allocate names its devices from it.
+    cdi_spec: CdiSpec | None = field(default=None, compare=False)
 
     @property
     def socket_name(self) -> str:
@@ -94,10 +110,16 @@ class ResourceOptions:
     #: The GPU–NIC pairing window in seconds (0: off). Not used to build resources: it travels with
     #: them because a config reload applies it live, as it applies them (`plugin.pairing_service`).
     pairing_window_s: float = 1.0
+    #: NVIDIA's MIG strategy (`plugin.mig_strategy`).
+    mig_strategy: str = "none"
+    #: NVIDIA's `sharing.timeSlicing` (None: nothing is shared).
+    time_slicing: TimeSlicing | None = None
 
     def __post_init__(self) -> None:
         if self.device_id_strategy not in ID_STRATEGIES:
             raise OptionError(f"device ID strategy {self.device_id_strategy!r} is not one of uuid, index")
+        if self.mig_strategy not in MIG_STRATEGIES:
+            raise OptionError(f"MIG strategy {self.mig_strategy!r} is not one of {', '.join(MIG_STRATEGIES)}")
         check_resource_name(self.gpu_resource_name)
         check_resource_name(self.nic_resource_name)
         for p in self.nic_pools:
@@ -110,6 +132,11 @@ def simulated_uuid(source: str, name: str) -> str:
 
 
 def gpu_id(topology: NodeTopology, device: Device, strategy: str) -> str:
+    """The plugin ID of a GPU (UUID or NVML index) or MIG device (MIG UUID or NVIDIA's `<gpu>:<mig>` index)."""
+    if device.kind is DeviceKind.MIG:
+        if strategy == "index":
+            return device.attributes.get("index") or f"{topology.device(device.parent or '').index}:{device.index}"
+        return device.uuid or "MIG-" + simulated_uuid(topology.source, device.name)[len("GPU-"):]
     if strategy == "index":
         return str(device.index)
     return device.uuid or simulated_uuid(topology.source, device.name)
@@ -126,35 +153,90 @@ def _resource(
     return Resource(name, kind, devs, policy, graph, builder, dict(policy_options or {}))
 
 
-def build_resources(topology: NodeTopology, options: ResourceOptions) -> list[Resource]:
-    """The resources to serve for `topology`; resources with no device are left out."""
+def _unique(topology: NodeTopology, ids: list[str], what: str) -> None:
+    if len(set(ids)) != len(ids):
+        raise TopologyError(topology.source, f"{what} IDs are not unique: {', '.join(ids)}",
+                            fix="give every GPU its own uuid (or use --device-id-strategy index)")
+
+
+def _mig_resource(topology: NodeTopology, group: GpuGroup, options: ResourceOptions) -> Resource:
+    """MIG devices: each with its parent GPU's NUMA node; the graph knows their parents (the `mig` policy)."""
+    strategy = options.device_id_strategy
+    parents = [topology.device(p) for p in dict.fromkeys(d.parent or "" for d in group.devices)]
+    parent_ids = [gpu_id(topology, p, strategy) for p in parents]
+    parent_graph = DeviceGraph.from_topology(topology, parents, parent_ids)
+    of_parent = dict(zip((p.name for p in parents), parent_ids))
+    ids = [gpu_id(topology, d, strategy) for d in group.devices]
+    _unique(topology, ids, "MIG device")
+    numa = {p.name: p.numa for p in parents}
+    devs = tuple(ResourceDevice(i, d, numa[d.parent or ""]) for i, d in zip(ids, group.devices))
+    graph = child_graph(parent_graph, [(i, of_parent[d.parent or ""]) for i, d in zip(ids, group.devices)])
+    builder = GpuAllocateBuilder(options.gpu_allocate, group.name)
+    return Resource(group.name, DeviceKind.MIG, devs, "mig", graph, builder, dict(options.gpu_policy_options))
+
+
+def _gpu_resources(topology: NodeTopology, options: ResourceOptions) -> list[Resource]:
     out: list[Resource] = []
-    gpus = topology.gpus
-    if gpus:
-        members = [(gpu_id(topology, d, options.device_id_strategy), d, d.numa) for d in gpus]
-        ids = [m[0] for m in members]
-        if len(set(ids)) != len(ids):
-            raise TopologyError(topology.source, f"GPU IDs are not unique: {', '.join(ids)}",
-                                fix="give every GPU its own uuid (or use --device-id-strategy index)")
-        out.append(
-            _resource(topology, options.gpu_resource_name, DeviceKind.GPU, members, options.gpu_policy,
-                      GpuAllocateBuilder(options.gpu_allocate, options.gpu_resource_name),
-                      options.gpu_policy_options)
-        )
+    for group in group_gpus(topology, options.mig_strategy, options.gpu_resource_name):
+        check_resource_name(group.name)
+        if group.kind is DeviceKind.MIG:
+            out.append(_mig_resource(topology, group, options))
+            continue
+        members = [(gpu_id(topology, d, options.device_id_strategy), d, d.numa) for d in group.devices]
+        _unique(topology, [m[0] for m in members], "GPU")
+        out.append(_resource(topology, group.name, DeviceKind.GPU, members, options.gpu_policy,
+                             GpuAllocateBuilder(options.gpu_allocate, group.name), options.gpu_policy_options))
+    return apply_time_slicing(out, options.time_slicing, options.gpu_resource_name,
+                              lambda name: GpuAllocateBuilder(options.gpu_allocate, name))
+
+
+def _nic_resources(topology: NodeTopology, options: ResourceOptions) -> list[Resource]:
     nics = topology.nics
-    if nics:
-        pools = options.nic_pools or (default_pool(options.nic_resource_name, options.nic_policy, options.dev_root),)
-        taken: set[str] = set()
-        for pool in pools:
-            members = []
-            for d in nics:
-                if d.name in taken or not pool.select(d):
-                    continue
-                taken.add(d.name)
-                members.append((d.name, d, None if pool.exclude_topology else d.numa))
-            if members:
-                out.append(
-                    _resource(topology, pool.resource_name, DeviceKind.NIC, members, pool.policy,
-                              pool.builder or default_pool(pool.resource_name, pool.policy, options.dev_root).builder)
-                )
+    out: list[Resource] = []
+    if not nics:
+        return out
+    pools = options.nic_pools or (default_pool(options.nic_resource_name, options.nic_policy, options.dev_root),)
+    taken: set[str] = set()
+    for pool in pools:
+        members = []
+        for d in nics:
+            if d.name in taken or not pool.select(d):
+                continue
+            taken.add(d.name)
+            members.append((d.name, d, None if pool.exclude_topology else d.numa))
+        if members:
+            out.append(
+                _resource(topology, pool.resource_name, DeviceKind.NIC, members, pool.policy,
+                          pool.builder or default_pool(pool.resource_name, pool.policy, options.dev_root).builder)
+            )
+    return out
+
+
+def _with_cdi(resource: Resource, options: ResourceOptions) -> Resource:
+    """The resource with the CDI spec we write for it, and Allocate naming its devices from it."""
+    o = options.gpu_allocate
+    spec = spec_for(resource.name, resource.kind, [(d.id, d.device) for d in resource.devices],
+                    CdiOptions(dev_root=options.dev_root))
+    if spec is None:
+        return resource
+    builder = CdiNamingBuilder(resource.builder, spec, o.device_list_strategy, o.cdi_annotation_prefix, resource.name)
+    return replace(resource, builder=builder, cdi_spec=spec)
+
+
+def build_resources(topology: NodeTopology, options: ResourceOptions) -> list[Resource]:
+    """The resources to serve for `topology`; resources with no device are left out.
+
+    Raises `InputError`s for what the options cannot serve on this node (a MIG
+    layout that does not fit the strategy, a time-slicing entry).
+    """
+    out = _gpu_resources(topology, options) + _nic_resources(topology, options)
+    names = [r.name for r in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise OptionError(f"{', '.join(dup)} would be served twice (a GPU or MIG resource, their time-slicing "
+                          "replicas and NIC pools each need a name of their own) (fix: rename one: "
+                          "--gpu-resource-name, --nic-resource-name, nics.resourceList[].resourceName or "
+                          "sharing.timeSlicing.resources[].rename)")
+    if options.gpu_allocate.writes_specs:
+        out = [_with_cdi(r, options) for r in out]
     return out

@@ -234,7 +234,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             if unhealthy:
                 # The kubelet only hands out healthy devices; one that turned bad in between must not be used.
                 await self._reject(context, "Allocate", f"{where}: devices are unhealthy: {brief_ids(unhealthy)}")
-            resp.container_responses.append(to_proto(resource.allocate(ids)))
+            try:
+                allocation = resource.allocate(ids)
+            except AllocationError as e:  # a rule of the resource (e.g. failRequestsGreaterThanOne)
+                await self._reject(context, "Allocate", f"{where}: {e}")
+            resp.container_responses.append(to_proto(allocation))
             self._metrics.allocated(resource.name, len(ids))
         # Only an Allocate accepted whole joins a group (why: `plugin.pairing_service`).
         for creq in request.container_requests:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pathlib
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 from topo_testkit import SHARED_DIR
@@ -18,3 +20,12 @@ def shared_topologies() -> list[pathlib.Path]:
         pytest.fail(f"no topology fixtures found under {SHARED / 'topologies'}; "
                     "the checkout needs ../shared beside it (or TOPO_DP_SHARED_DIR)")
     return TOPOLOGIES
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cdi_spec_dir() -> Iterator[str]:
+    """Every daemon a test starts (in-process or as a child) writes CDI specs to a private directory,
+    never to the real /var/run/cdi: `--cdi-spec-dir` comes from TOPO_DP_CDI_SPEC_DIR unless a test passes it."""
+    with tempfile.TemporaryDirectory(prefix="tdp-cdi-") as d, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOPO_DP_CDI_SPEC_DIR", d)
+        yield d

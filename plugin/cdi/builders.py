@@ -7,11 +7,15 @@ one CDI device per *physical* device behind the resource's IDs:
   and also by the other of the two, so `kind=GPU-…` and `kind=3` both work.
   Device edits: `/dev/nvidia<minor>`. Spec edits (any GPU of the spec):
   `/dev/nvidiactl`, and `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`
-  where the host has them; env `NVIDIA_VISIBLE_DEVICES=void`
-  (`CdiOptions.gpu_env`): CDI already gave the container its GPUs, so an
-  NVIDIA runtime hook, if one is installed, must not add others, such as
-  the `all` that CUDA images set in their env (NVIDIA's own CDI specs do the
-  same). Replica IDs (`<GPU ID>::<r>`) map to their GPU: each GPU once.
+  where the host has them. No env by default (`CdiOptions.gpu_env`): what
+  `NVIDIA_VISIBLE_DEVICES` says is decided per container by Allocate
+  (`plugin.gpu_allocate`): the GPU IDs with the `envvar` strategy, so that
+  NVIDIA's runtime hook, where it is what mounts the driver libraries, adds
+  them for exactly these GPUs; `void` with CDI strategies alone, so that the
+  hook adds nothing (not even the `all` CUDA images set). A spec-wide env
+  would override the former, since CDI edits are applied after the
+  container's own env. Replica IDs (`<GPU ID>::<r>`) map to their GPU: each
+  GPU once.
 - MIG devices (designed for the discovery that comes later): a MIG `Device`
   carries `minor` = its parent GPU's minor, `uuid`, and attributes `index`
   (`<gpu>:<mig>`, NVIDIA's index form), `caps` (comma-separated
@@ -35,14 +39,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from allocator.subdevices import physical_id
 from allocator.topology import Device, DeviceKind
 
-from ..resources import Resource
 from .nodes import NodeResolver
 from .spec import DEFAULT_SPEC_DIR, VENDOR_PREFIX, CdiDevice, CdiSpec, DeviceNode, Edits, device_name, \
     kind_for_resource, qualified_names
+
+if TYPE_CHECKING:  # the resource layer imports this module to attach specs to resources
+    from ..resources import Resource
 
 #: The NVIDIA control node every GPU container needs, and those it gets where the host has them.
 GPU_CONTROL_NODE = "/dev/nvidiactl"
@@ -58,8 +65,8 @@ class CdiOptions:
     #: Where this process sees the host's /dev, and where the runtime finds it.
     dev_root: str = "/dev"
     host_dev_root: str = "/dev"
-    #: Spec-wide env of GPU and MIG specs (`KEY=VALUE`).
-    gpu_env: tuple[str, ...] = ("NVIDIA_VISIBLE_DEVICES=void",)
+    #: Spec-wide env of GPU and MIG specs (`KEY=VALUE`); none by default (see the module docstring).
+    gpu_env: tuple[str, ...] = ()
 
     @property
     def resolver(self) -> NodeResolver:
@@ -173,15 +180,19 @@ def nic_spec(kind: str, members: Sequence[Member], options: CdiOptions) -> CdiSp
     return CdiSpec(kind, _devices(entries))
 
 
+def spec_for(resource_name: str, kind: DeviceKind, members: Sequence[Member], options: CdiOptions) -> CdiSpec | None:
+    """The CDI spec of a resource's (ID, device) members, or None when it has nothing to inject."""
+    cdi_kind = kind_for_resource(resource_name, options.vendor_prefix)
+    if kind is DeviceKind.GPU:
+        return gpu_spec(cdi_kind, members, options)
+    if kind is DeviceKind.MIG:
+        return mig_spec(cdi_kind, members, options)
+    return nic_spec(cdi_kind, members, options)
+
+
 def spec_for_resource(resource: Resource, options: CdiOptions) -> CdiSpec | None:
     """The CDI spec of one served resource, or None when it has nothing a runtime could inject."""
-    kind = kind_for_resource(resource.name, options.vendor_prefix)
-    members = [(d.id, d.device) for d in resource.devices]
-    if resource.kind is DeviceKind.GPU:
-        return gpu_spec(kind, members, options)
-    if resource.kind is DeviceKind.MIG:
-        return mig_spec(kind, members, options)
-    return nic_spec(kind, members, options)
+    return spec_for(resource.name, resource.kind, [(d.id, d.device) for d in resource.devices], options)
 
 
 def names_for(spec: CdiSpec | None, ids: Sequence[str]) -> list[str]:

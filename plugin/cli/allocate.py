@@ -18,6 +18,7 @@ import click
 
 from allocator.pairing import NO_PARTNERS, PairingIndex, Partners, pair_label
 from allocator.policies import get_policy
+from allocator.policies.family import SharedAllocation
 from allocator.request import Allocation, AllocationError, AllocationRequest
 from allocator.scoring import evaluate, rank
 from allocator.topology import DeviceGraph, NodeTopology
@@ -240,10 +241,43 @@ def allocate(settings: Settings, size: int, available_opt: tuple[str, ...], must
         "pairing": result.pairing,
         "pairs": pairs_data(result.pairs),
     }
+    if isinstance(result, SharedAllocation):
+        data["parents"] = list(result.parents)
+        data["criteria"] = dict(zip(SHARED_CRITERIA[policy_name], _shared_values(policy_name, result.criteria)))
     if fmt == "json":
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(render_allocate(data))
+
+
+#: What the replica and MIG policies' criteria mean, in their order (docs/sharing.md).
+SHARED_CRITERIA = {
+    "replicas": ("NUMA span", "distinct GPUs", "replicas already handed out on the chosen GPUs (per pick)",
+                 "W(GPUs)"),
+    "mig": ("NUMA span", "GPUs", "free MIG devices of those GPUs (fullest first)", "fill (free count per pick)"),
+}
+_SHARED_WHY = {
+    "replicas": "the time-slicing objective: smallest NUMA span, most distinct GPUs, least-loaded GPUs, "
+                "best links between them, then the lowest device order",
+    "mig": "the MIG objective: smallest NUMA span, fewest GPUs, the fullest GPUs first (best fit), "
+           "then the lowest device order",
+}
+
+
+def _shared_values(policy: str, criteria: tuple) -> list[Any]:
+    if policy == "replicas":
+        span, gpus, load, w = criteria
+        return [span, -gpus, load, -w]
+    span, gpus, free, fill = criteria
+    return [span, gpus, list(free), fill]
+
+
+def render_shared(data: dict[str, Any]) -> list[str]:
+    lines = [f"  {label}: {value}" for label, value in data["criteria"].items() if label != "NUMA span"]
+    lines.insert(0, f"  on: {', '.join(data['parents'])}")
+    lines.append(f"  optimal: {'yes (proven)' if data['optimal'] else 'not proven within the time budget'}")
+    lines.append(f"Why: {_SHARED_WHY[data['policy']]}")
+    return lines
 
 
 def render_allocate(data: dict[str, Any]) -> str:
@@ -258,6 +292,10 @@ def render_allocate(data: dict[str, Any]) -> str:
         f"  NUMA span: {data['span']}"
         + (f" (node{'s' if len(data['numa_nodes']) != 1 else ''} "
            f"{', '.join(map(str, data['numa_nodes']))})" if data["numa_nodes"] else " (no NUMA information)"),
+    ]
+    if "criteria" in data:
+        return "\n".join(lines + render_shared(data))
+    lines += [
         f"  link score W(S): {data['score']}",
         f"  left for the next pod W(A\\S): {data['left_score']}",
     ]

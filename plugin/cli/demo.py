@@ -9,6 +9,7 @@ kubelet would see and get.
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 
@@ -33,7 +34,8 @@ async def _demo(settings: Settings, hold: float, out) -> int:
         out(f"kubelet stand-in listening on {kubelet.socket_path}")
         source = make_source(settings)
         started = time.monotonic()
-        daemon = Daemon(source, DaemonOptions(plugin_dir=tmp), resource_options(settings))
+        cdi_dir = os.path.join(tmp, "cdi")  # the demo's stand-in for /var/run/cdi
+        daemon = Daemon(source, DaemonOptions(plugin_dir=tmp, cdi_spec_dir=cdi_dir), resource_options(settings))
         stop = asyncio.Event()
         task = asyncio.create_task(daemon.run(stop, install_signals=False))
         try:
@@ -53,20 +55,28 @@ async def _demo(settings: Settings, hold: float, out) -> int:
                     numa = ",".join(map(str, d.numa)) or "none"
                     out(f"  {d.id:<42} {d.health:<9} NUMA {numa}")
             gpu = settings["gpu_resource_name"]
-            if gpu in names:
-                ids = list(kubelet.devices(gpu))
-                for size in (1, 2, 4):
+            family = [n for n in names if daemon.servers[n].service.resource.kind in (DeviceKind.GPU, DeviceKind.MIG)]
+            gpu_taken: list[str] = []
+            for name in family:
+                ids = list(kubelet.devices(name))
+                for size in (1, 2, 4) if name == gpu else (min(2, len(ids)),):
                     if size <= len(ids):
-                        pick = await kubelet.preferred(gpu, ids, [], size)
-                        out(f"\nGetPreferredAllocation(size={size}, all free) -> {', '.join(pick)}")
-                pick = await kubelet.preferred(gpu, ids, [], min(2, len(ids)))
-                resp = await kubelet.allocate(gpu, pick)
+                        pick = await kubelet.preferred(name, ids, [], size)
+                        out(f"\n{name}: GetPreferredAllocation(size={size}, all free) -> {', '.join(pick)}")
+                pick = await kubelet.preferred(name, ids, [], min(2, len(ids)))
+                resp = await kubelet.allocate(name, pick)
                 out(f"Allocate({', '.join(pick)}) -> envs {dict(resp.envs)}"
                     + (f", devices {[d.host_path for d in resp.devices]}" if resp.devices else "")
-                    + (f", cdi {[c.name for c in resp.cdi_devices]}" if resp.cdi_devices else ""))
-                nics = [n for n in names if daemon.servers[n].service.resource.kind is DeviceKind.NIC]
-                if nics:
-                    await _paired_pod(daemon, kubelet, gpu, nics[0], pick, out)
+                    + (f", cdi {[c.name for c in resp.cdi_devices]}" if resp.cdi_devices else "")
+                    + (f", annotations {dict(resp.annotations)}" if resp.annotations else ""))
+                if name == gpu:
+                    gpu_taken = pick
+            nics = [n for n in names if daemon.servers[n].service.resource.kind is DeviceKind.NIC]
+            if gpu in names and nics:
+                await _paired_pod(daemon, kubelet, gpu, nics[0], gpu_taken, out)
+            specs = sorted(os.listdir(cdi_dir)) if os.path.isdir(cdi_dir) else []
+            if specs:
+                out(f"\nCDI specs written to {cdi_dir}: {', '.join(specs)}")
             if hold:
                 out(f"\nserving for {hold:.0f} s (Ctrl-C to stop)...")
                 try:

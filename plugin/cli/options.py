@@ -132,14 +132,18 @@ def resource_options(settings: Settings) -> ResourceOptions:
         gpu_allocate=GpuAllocateOptions(
             device_list_strategy=tuple(v["device_list_strategy"]),
             dev_root=v["dev_root"],
+            cdi_specs=v["cdi_specs"],
             cdi_vendor=v["cdi_vendor"],
             cdi_class=v["cdi_class"],
+            cdi_annotation_prefix=v["cdi_annotation_prefix"],
         ),
         nic_pools=_nic_pools(settings),
         nic_resource_name=v["nic_resource_name"],
         nic_policy=v["nic_allocation_policy"],
         dev_root=v["dev_root"],
         pairing_window_s=float(v["pairing_window_ms"]) / 1000.0,
+        mig_strategy=v["mig_strategy"],
+        time_slicing=settings.config.time_slicing,
     )
 
 

@@ -20,7 +20,9 @@ from typing import Any
 
 from .. import yaml_input
 from ..errors import InputError
+from . import nvidia
 from .flags import flags_schema
+from .sharing import TimeSlicing, parse_sharing
 
 
 class ConfigError(InputError):
@@ -33,12 +35,17 @@ class Config:
     flags: dict[str, Any] = field(default_factory=dict)
     gpu_health: dict[str, Any] = field(default_factory=dict)
     nic_resource_list: list[Any] = field(default_factory=list)
+    #: NVIDIA's `sharing.timeSlicing` (None: no GPU is shared).
+    time_slicing: TimeSlicing | None = None
 
 
 @lru_cache(maxsize=1)
 def _schema() -> dict[str, Any]:
     data = json.loads(resources.files("plugin.config").joinpath("config-v1.json").read_text())
-    data["properties"]["flags"] = flags_schema()
+    flags = flags_schema()
+    # NVIDIA's own keys, so NVIDIA's config files load unchanged (`nvidia.translate` decides their fate).
+    flags["properties"].update(nvidia.FLAG_PROPERTIES)
+    data["properties"]["flags"] = flags
     return data
 
 
@@ -66,11 +73,18 @@ def parse_config(text: str, path: str) -> Config:
         hint = ("remove or rename the unknown field" if bad.validator == "additionalProperties"
                 else "see docs/configuration.md")
         raise ConfigError(f"{path}:{bad.line}: field {bad.field}: {bad.message} (fix: {hint})")
+    try:
+        nvidia.check_top_level(data)
+        flags = nvidia.translate(data.get("flags") or {})
+    except nvidia.NvidiaFlagError as e:
+        raise ConfigError(f"{path}:{nvidia.error_line(root, e)}: field {'.'.join(e.path)}: {e.message} "
+                          f"(fix: {e.fix})") from None
     return Config(
         path=path,
-        flags=dict(data.get("flags") or {}),
+        flags=flags,
         gpu_health=dict((data.get("gpus") or {}).get("health") or {}),
         nic_resource_list=list((data.get("nics") or {}).get("resourceList") or []),
+        time_slicing=parse_sharing(data.get("sharing"), root, path),
     )
 
 

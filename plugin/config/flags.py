@@ -28,6 +28,7 @@ NODE_COMMANDS = frozenset({"serve", "discover", "demo", "allocate", "explain"})
 SERVE = frozenset({"serve"})
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MIG_STRATEGIES = ("none", "single", "mixed")
 
 #: Option kinds and the JSON schema each stands for in the config file.
 KINDS = ("text", "choice", "choice-list", "number", "bool", "address")
@@ -131,13 +132,26 @@ OPTIONS: tuple[Option, ...] = (
            default="topo.dev/nic", live=True, schema_extra={"minLength": 3}),
     Option("nic_allocation_policy", "NIC policy when the config defines no NIC pools.", kind="choice",
            default="spread", choices=("spread", "packed"), live=True),
-    Option("device_list_strategy", f"Comma list of {', '.join(DEVICE_LIST_STRATEGIES)}: how Allocate names GPUs.",
+    Option("device_list_strategy", f"Comma list of {', '.join(DEVICE_LIST_STRATEGIES)}: how Allocate names GPUs "
+           "(CDI strategies name MIG devices and NICs with device nodes too; docs/sharing.md).",
            kind="choice-list", default="envvar", choices=DEVICE_LIST_STRATEGIES, live=True),
-    Option("cdi_vendor", "CDI vendor for cdi-cri/cdi-annotations names.", default="nvidia.com", live=True),
-    Option("cdi_class", "CDI class for cdi-cri/cdi-annotations names.", default="gpu", live=True),
+    Option("mig_strategy", "How MIG devices are served, as NVIDIA's plugin: none (MIG-enabled GPUs are served whole), "
+           "single (every GPU in MIG mode with one profile, as the GPU resource) or mixed (one resource per profile, "
+           "<domain>/mig-<profile>).", kind="choice", default="none", choices=MIG_STRATEGIES, live=True),
+    Option("cdi_specs", "With cdi-cri/cdi-annotations: write our own CDI spec per resource under --cdi-spec-dir and "
+           "name devices from it (write), or name GPUs <cdi-vendor>/<cdi-class>=<UUID> from a spec another tool "
+           "wrote, such as `nvidia-ctk cdi generate` (external).", kind="choice", default="write",
+           choices=("write", "external"), live=True),
+    Option("cdi_spec_dir", "Where our CDI specs go (with --cdi-specs write and a CDI device list strategy).",
+           default="/var/run/cdi", commands=SERVE, chart_managed=True, schema_extra={"pattern": "^/"}),
+    Option("cdi_vendor", "CDI vendor of the names with --cdi-specs external.", default="nvidia.com", live=True),
+    Option("cdi_class", "CDI class of the names with --cdi-specs external.", default="gpu", live=True),
+    Option("cdi_annotation_prefix", "Key prefix of the cdi-annotations strategy's annotations.",
+           default="cdi.k8s.io/", live=True, schema_extra={"pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/$"}),
     Option("sysfs_root", "Where sysfs is mounted (real hardware).", default="/sys"),
     Option("dev_root", "Where device nodes are (real hardware).", default="/dev"),
-    Option("proc_root", "Where procfs is mounted (default route check).", default="/proc"),
+    Option("proc_root", "Where procfs is mounted (default route check, MIG capability device minors).",
+           default="/proc"),
     Option("fail_on_init_error", "Exit when NVML cannot start; with --no-fail-on-init-error serve zero GPUs instead.",
            kind="bool", default=True),
     Option("nic_link_health", "Mark a NIC Unhealthy while its link is down (polled every 2 s).", kind="bool",

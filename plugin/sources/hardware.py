@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.topology import HEALTHY, Device, Link, LinkLevel, NodeTopology
+from allocator.topology import HEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
 
 from .base import Publish
 from .errors import TopologyError
@@ -156,7 +156,7 @@ class HardwareSource:
                 kw["health"] = GpuHealthOptions.from_config(o.gpu_health)
             elif o.gpu_health is not None:
                 kw["health"] = o.gpu_health
-            self._gpu_source = NvmlGpuSource(o.nvml, o.sysfs_root, o.fail_on_init_error, **kw)
+            self._gpu_source = NvmlGpuSource(o.nvml, o.sysfs_root, o.fail_on_init_error, proc_root=o.proc_root, **kw)
         #: The last NIC scan (offered NICs and why others were not offered), for `discover`.
         self.nic_inventory: NicInventory = NicInventory(devices=())
         self._base: NodeTopology | None = None
@@ -183,7 +183,7 @@ class HardwareSource:
             self.nic_inventory = discover_nics(o.sysfs_root, o.dev_root, o.proc_root,
                                                link_health=o.nic_link_health, previous=previous)
             nics = self.nic_inventory.devices
-        links.update(pcie_links(o.sysfs_root, gpus, nics))
+        links.update(pcie_links(o.sysfs_root, [g for g in gpus if g.kind is DeviceKind.GPU], nics))
         nodes, distances = read_numa(o.sysfs_root)
         try:
             return NodeTopology.build([*gpus, *nics], links, source=self.node_name,

@@ -48,6 +48,7 @@ from allocator.topology import HEALTHY, UNHEALTHY, Device, DeviceKind, Link, Lin
 from ..health import GpuHealthOptions, watch_gpu_health
 from .base import Publish
 from ..errors import RuntimeFailure
+from .nvml_mig import CapsReader, discover_migs
 from .pcie import normalize_bdf, pcie_level, read_numa_node
 
 log = logging.getLogger(__name__)
@@ -249,12 +250,17 @@ def _pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
 
 
-def _discover_initialised(nvml: Any, sysfs_root: str) -> tuple[list[Device], dict[tuple[str, str], Link]]:
+def _discover_initialised(nvml: Any, sysfs_root: str, proc_root: str) -> tuple[list[Device], dict[tuple[str, str], Link]]:
     try:
         count = nvml.nvmlDeviceGetCount()
     except nvml.NVMLError as e:
         raise DiscoveryError(f"nvmlDeviceGetCount failed: {e}", fix=_INIT_FIX, code=_err_code(nvml, e)) from None
     gpus = [g for g in (_read_gpu(nvml, i, sysfs_root) for i in range(count)) if g is not None]
+    caps = CapsReader(proc_root)
+    migs: list[Device] = []
+    for g in gpus:
+        g.device, children = discover_migs(nvml, g.handle, g.device, caps)
+        migs += children
     reader = _LinkReader(nvml, sysfs_root, {g.bdf for g in gpus})
     links_of = {g.device.name: reader.read(g.handle) for g in gpus}
 
@@ -272,7 +278,7 @@ def _discover_initialised(nvml: Any, sysfs_root: str) -> tuple[list[Device], dic
                 n += min(la.switch, lb.switch)
             level = _pcie(nvml, a, b, sysfs_root)
             links[_pair(a.device.name, b.device.name)] = Link(nvlinks=n, level=level)
-    return [g.device for g in gpus], links
+    return [g.device for g in gpus] + migs, links
 
 
 def _pcie(nvml: Any, a: _Gpu, b: _Gpu, sysfs_root: str) -> LinkLevel:
@@ -287,11 +293,12 @@ def _pcie(nvml: Any, a: _Gpu, b: _Gpu, sysfs_root: str) -> LinkLevel:
     return level
 
 
-def discover_gpus(nvml: Any = None, sysfs_root: str = "/sys") -> tuple[list[Device], dict[tuple[str, str], Link]]:
-    """Discover every GPU NVML sees and the link of every GPU pair.
+def discover_gpus(nvml: Any = None, sysfs_root: str = "/sys",
+                  proc_root: str = "/proc") -> tuple[list[Device], dict[tuple[str, str], Link]]:
+    """Discover every GPU NVML sees, its MIG devices, and the link of every GPU pair.
 
-    Returns (devices named `GPU<nvml index>`, {(name, name): Link}) with every
-    pair present. Initialises NVML and shuts it down again (NVML counts
+    Returns (devices named `GPU<nvml index>`, then MIG devices `GPU<i>-mig<slot>`
+    (`nvml_mig`), {(name, name): Link}) with every GPU pair present. Initialises NVML and shuts it down again (NVML counts
     references, so a running health monitor is not disturbed). Raises
     DiscoveryError when NVML cannot be initialised or enumerated; a single
     GPU NVML cannot identify is skipped with an error log, a lost one is
@@ -303,7 +310,7 @@ def discover_gpus(nvml: Any = None, sysfs_root: str = "/sys") -> tuple[list[Devi
     except nvml.NVMLError as e:
         raise DiscoveryError(f"cannot initialise NVML: {e}", fix=_INIT_FIX, code=_err_code(nvml, e)) from None
     try:
-        return _discover_initialised(nvml, sysfs_root)
+        return _discover_initialised(nvml, sysfs_root, proc_root)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -326,9 +333,11 @@ class NvmlGpuSource:
         sysfs_root: str = "/sys",
         fail_on_init_error: bool = True,
         health: GpuHealthOptions | None = None,
+        proc_root: str = "/proc",
     ):
         self._nvml = nvml
         self.sysfs_root = sysfs_root
+        self.proc_root = proc_root
         self.fail_on_init_error = fail_on_init_error
         self.health = health if health is not None else GpuHealthOptions()
         self.description = f"nvml (sysfs {sysfs_root})"
@@ -344,7 +353,7 @@ class NvmlGpuSource:
     def discover(self) -> tuple[list[Device], dict[tuple[str, str], Link]]:
         """`discover_gpus`, with `fail_on_init_error=False` turning a DiscoveryError into zero GPUs."""
         try:
-            result = discover_gpus(self.nvml, self.sysfs_root)
+            result = discover_gpus(self.nvml, self.sysfs_root, self.proc_root)
         except DiscoveryError as e:
             if self.fail_on_init_error:
                 raise

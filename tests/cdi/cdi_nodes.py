@@ -6,12 +6,16 @@ plugin/sources/sysfs_nics.py ATTRIBUTES, and plugin/cdi/builders.py for MIG).
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
 
 from allocator.subdevices import replica_graph, replica_id
 from allocator.topology import Device, DeviceGraph, DeviceKind
 from plugin.resources import Resource, ResourceDevice, ResourceOptions, build_resources
+from plugin.config import parse_config
+from plugin.sources.nvml_gpus import NvmlGpuSource
 from plugin.sources.simulated import load_simulated
+from topo_testkit.fake_nvml import FakeNvml
 
 BUILTINS = ("dgx-a100", "dgx-h100", "dgx-1-v100", "dgx-2-v100", "pcie-2socket-4gpu-2nic")
 
@@ -68,3 +72,32 @@ def nic_resource(name: str = "topo.dev/rdma_vfs") -> Resource:
     graph = DeviceGraph(ids=tuple(d.id for d in devices), numa=(0,) * len(devices),
                         weights=tuple(tuple(0 for _ in devices) for _ in devices))
     return Resource(name, DeviceKind.NIC, devices, "spread", graph, _NoBuilder())
+
+
+#: GPUs 4 ways (renamed by default) and the 1g.10gb MIG profile 2 ways under its own name.
+TIME_SLICED = """\
+version: v1
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    resources:
+    - {name: nvidia.com/gpu, replicas: 4}
+    - {name: nvidia.com/mig-1g.10gb, replicas: 2, rename: mig-1g.10gb.half}
+"""
+
+
+def served(node: str, mig_strategy: str, config: str | None = None, strategy: str = "uuid") -> list[Resource]:
+    """The resources the daemon serves for a simulated node (MIG strategy, optional time-slicing config)."""
+    ts = parse_config(config, "config.yaml").time_slicing if config else None
+    return build_resources(load_simulated(node), ResourceOptions(device_id_strategy=strategy,
+                                                                 mig_strategy=mig_strategy, time_slicing=ts))
+
+
+def served_by_nvml(node: str, mig_strategy: str) -> list[Resource]:
+    """The GPU-family resources of a node discovered through the fake NVML (procfs written: caps and major)."""
+    sim = load_simulated(node)
+    fake = FakeNvml(sim.without(d.name for d in sim.nics))
+    with tempfile.TemporaryDirectory() as d:
+        topology = NvmlGpuSource(nvml=fake, sysfs_root=fake.write_sysfs(f"{d}/sys"),
+                                 proc_root=fake.write_proc(f"{d}/proc")).load()
+    return build_resources(topology, ResourceOptions(mig_strategy=mig_strategy))

@@ -19,7 +19,8 @@ import pytest
 
 from plugin.cdi import CdiOptions, CdiSpecWriter, names_for, spec_for_resource
 
-from cdi_nodes import BUILTINS, mig_resource, nic_resource, resources_of, time_sliced
+from cdi_nodes import BUILTINS, TIME_SLICED, mig_resource, nic_resource, resources_of, served, served_by_nvml, \
+    time_sliced
 
 OPTS = CdiOptions()
 
@@ -32,6 +33,11 @@ def node_cases() -> list[tuple[str, list]]:
     a100 = resources_of("dgx-a100")
     cases.append(("dgx-a100-time-sliced", [time_sliced(a100[0], 10), *a100[1:]]))
     cases.append(("mig-and-nics", [mig_resource(), mig_resource("nvidia.com/mig-3g.40gb", 1, 2), nic_resource()]))
+    # What the daemon serves: MIG strategies, time-slicing of GPUs and of a MIG profile, MIG devices
+    # found through NVML (the fake, with procfs giving the capability nodes and their major).
+    cases.append(("dgx-a100-mig-mixed-time-sliced", served("dgx-a100-mig", "mixed", TIME_SLICED)))
+    cases.append(("dgx-a100-mig-1g-single", served("dgx-a100-mig-1g", "single")))
+    cases.append(("dgx-a100-mig-nvml-mixed", served_by_nvml("dgx-a100-mig", "mixed")))
     return cases
 
 
@@ -81,8 +87,10 @@ def test_our_specs_pass_the_cdi_library_and_inject_allocations(cdi_validator, tm
         if spec.kind.startswith("topo-dp.nvidia.com/gpu"):
             gpus = sorted(n["minor"] for n in inj["deviceNodes"] if n["path"].startswith("/dev/nvidia")
                           and n["path"][len("/dev/nvidia"):].isdigit())
-            assert len(gpus) == len({p.split("::")[0] for p in picked})  # each GPU once
-            assert "NVIDIA_VISIBLE_DEVICES=void" in inj["env"]
+            by_id = next(r for r in resources if r.name == r_name).by_id()
+            # each physical GPU once: a replica's GPU, a MIG device's parent
+            assert len(gpus) == len({by_id[p].device.parent or by_id[p].device.name for p in picked})
+            assert not any(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in inj["env"])  # Allocate decides
 
 
 def _v(version: str) -> tuple[int, ...]:

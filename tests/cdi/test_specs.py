@@ -79,7 +79,7 @@ def test_gpus_by_uuid_and_by_index_with_nodes_and_env() -> None:
         node = by_name[rd.id].edits.device_nodes[0]
         assert (node.path, node.type, node.major, node.minor) == (f"/dev/nvidia{i}", "c", 195, i)
     assert len(spec.devices) == 2 * len(gpu.devices)
-    assert spec.edits.env == ("NVIDIA_VISIBLE_DEVICES=void",)
+    assert spec.edits.env == ()  # NVIDIA_VISIBLE_DEVICES is Allocate's business (plugin.gpu_allocate)
     assert spec.edits.device_nodes[0].path == "/dev/nvidiactl"
 
 

@@ -181,8 +181,17 @@ EXTRAS = {
     "extraVolumeMounts": [{"name": "node-file", "mountPath": "/etc/topo", "readOnly": True}],
 }
 
+SHARING_CDI = {
+    "config": {
+        "flags": {"deviceListStrategy": ["envvar", "cdi-cri"], "migStrategy": "mixed"},
+        "sharing": {"timeSlicing": {"renameByDefault": True,
+                                    "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}},
+    },
+}
+
 VALUE_SETS = {
     "default": {},
+    "sharing-cdi": SHARING_CDI,
     "nic-pools": NIC_POOLS,
     "custom-kubelet-root": CUSTOM_KUBELET,
     "metrics-servicemonitor": METRICS,
@@ -399,7 +408,7 @@ print(sorted(cfg.flags), len(cfg.nic_resource_list))
 """
 
 
-@pytest.mark.parametrize("name", ["default", "nic-pools", "metrics-servicemonitor"])
+@pytest.mark.parametrize("name", ["default", "nic-pools", "metrics-servicemonitor", "sharing-cdi"])
 def test_rendered_config_passes_the_daemons_own_validation(helm, tmp_path, name):
     config = render(helm, tmp_path, VALUE_SETS[name]).get("ConfigMap")["data"]["config.yaml"]
     path = tmp_path / "config.yaml"
@@ -427,8 +436,11 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     daemon = json.loads(_daemon_python("import json; from plugin.config import schema; print(json.dumps(schema()))").stdout)
     chart = json.loads((CHART / "values.schema.json").read_text())
     chart_config = chart["properties"]["config"]["properties"]
-    chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress"}
-    daemon_flags = daemon["properties"]["flags"]["properties"]
+    chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress", "cdiSpecDir"}
+    # NVIDIA's own keys are for NVIDIA config files brought along unchanged, not for chart values.
+    nvidia_only = set(json.loads(_daemon_python(
+        "import json; from plugin.config.nvidia import FLAG_PROPERTIES as F; print(json.dumps(list(F)))").stdout))
+    daemon_flags = {k: v for k, v in daemon["properties"]["flags"]["properties"].items() if k not in nvidia_only}
     assert set(chart_config["flags"]["properties"]) == set(daemon_flags) - chart_managed
     for key, spec in daemon_flags.items():
         if "enum" in spec:
@@ -436,7 +448,7 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     daemon_health = daemon["properties"]["gpus"]["properties"]["health"]["properties"]
     chart_health = chart_config["gpus"]["properties"]["health"]["properties"]
     assert set(chart_health) == set(daemon_health)
-    assert set(chart_config) - {"existingConfigMap"} == set(daemon["properties"]) - {"version"}
+    assert set(chart_config) - {"existingConfigMap"} == set(daemon["properties"]) - {"version", "resources", "imex"}
 
 
 NIC_KEYS = """
@@ -497,6 +509,19 @@ def test_nic_pools(helm, tmp_path):
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     assert {"name": "dev", "mountPath": "/dev", "readOnly": True} in c["volumeMounts"]
     assert not any(e["name"].startswith("NVIDIA_") for e in c["env"])
+
+
+def test_cdi_strategy_mounts_the_hosts_cdi_dir_and_sharing_reaches_the_config(helm, tmp_path, default):
+    r = render(helm, tmp_path, SHARING_CDI)
+    volumes = {v["name"]: v for v in r.pod_spec["volumes"]}
+    assert volumes["cdi"]["hostPath"] == {"path": "/var/run/cdi", "type": "DirectoryOrCreate"}
+    assert {"name": "cdi", "mountPath": "/var/run/cdi"} in r.container["volumeMounts"]  # writable: specs go there
+    config = yaml.safe_load(r.get("ConfigMap")["data"]["config.yaml"])
+    assert config["sharing"] == SHARING_CDI["config"]["sharing"]
+    assert "cdi" not in {v["name"] for v in default.pod_spec["volumes"]}  # envvar: no CDI dir
+    (tmp_path / "a").mkdir()
+    annotations = render(helm, tmp_path / "a", {"config": {"flags": {"deviceListStrategy": "cdi-annotations"}}})
+    assert "cdi" in {v["name"] for v in annotations.pod_spec["volumes"]}
 
 
 def test_metrics_service_and_servicemonitor(helm, tmp_path):

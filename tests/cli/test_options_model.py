@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from plugin.cli import cli
 from plugin.config import schema
 from plugin.config.flags import OPTIONS, options_for
+from plugin.config.nvidia import FLAG_PROPERTIES as NVIDIA_FLAG_PROPERTIES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMMANDS = sorted(cli.commands)
@@ -52,10 +53,12 @@ def test_no_command_has_an_undeclared_setting(command):
 
 
 def test_config_schema_flags_are_the_declared_options():
+    """The declared options, plus NVIDIA's own `flags:` keys (plugin/config/nvidia.py decides their fate)."""
     flags = schema()["properties"]["flags"]
     assert flags["additionalProperties"] is False
     props = flags["properties"]
-    assert set(props) == {o.key for o in OPTIONS if o.key}
+    assert set(props) == {o.key for o in OPTIONS if o.key} | set(NVIDIA_FLAG_PROPERTIES)
+    assert not {o.key for o in OPTIONS} & set(NVIDIA_FLAG_PROPERTIES), "an NVIDIA key hides a declared option"
     for o in OPTIONS:
         if not o.key:
             continue

@@ -85,7 +85,7 @@ The daemon's config file. `version` comes first; the sections follow in a fixed 
 */}}
 {{- define "topo-device-plugin.config" -}}
 version: v1
-{{- range $section := list "flags" "gpus" "nics" }}
+{{- range $section := list "flags" "gpus" "nics" "sharing" }}
 {{- with index $.Values.config $section }}
 {{ $section }}:
   {{- toYaml . | nindent 2 }}
@@ -110,6 +110,16 @@ Rolls the pods when the config changes. With an existing ConfigMap only its name
 {{- else }}
 {{- printf "%s:%d" .Values.metrics.bindAddress (int .Values.metrics.port) }}
 {{- end }}
+{{- end }}
+
+{{/*
+"true" when Allocate names devices through CDI (config.flags.deviceListStrategy has cdi-cri or
+cdi-annotations): the daemon then writes its CDI specs to the host's /var/run/cdi.
+*/}}
+{{- define "topo-device-plugin.cdiEnabled" -}}
+{{- $s := .Values.config.flags.deviceListStrategy | default "envvar" }}
+{{- $l := ternary (list $s) $s (kindIs "string" $s) }}
+{{- if or (has "cdi-cri" $l) (has "cdi-annotations" $l) }}true{{ end }}
 {{- end }}
 
 {{- define "topo-device-plugin.metricsServiceEnabled" -}}

@@ -10,6 +10,7 @@ reference; errors name the file, the line and the field.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import lru_cache
@@ -23,10 +24,12 @@ from allocator.topology import HEALTHY, Device, DeviceKind, Link, LinkLevel, Nod
 from ... import yaml_input
 from ...yamlpath import field_path, line_of
 from ..errors import TopologyError
+from ..nvml_mig import caps_attribute, cap_minors
 from .topo_matrix import load_topo_matrix
 
 API_VERSION = "topo-device-plugin/v1"
 KIND = "SimulatedNode"
+_MIG_NS = uuid.UUID("2c7d5a1e-8f34-4b6a-9d0e-71f3a6c2b845")
 
 
 @lru_cache(maxsize=1)
@@ -94,7 +97,13 @@ def _build(data: Mapping[str, Any], root: yaml.Node | None, source: str) -> Node
             for b in devices[i + 1:]:
                 both = a.numa is not None and a.numa == b.numa
                 links[(a.name, b.name)] = same if both else cross
-    known = {d.name for d in devices}
+    gpu_specs = [(i, spec) for i, spec in enumerate(data.get("gpus") or []) if "mig" in spec]
+    for i, spec in gpu_specs:
+        pos = next(p for p, d in enumerate(devices) if d.name == (spec.get("name") or f"GPU{i}"))
+        gpu, migs = _mig_devices(devices[pos], spec["mig"], name, err, ["gpus", i, "mig"])
+        devices[pos] = gpu
+        devices += migs
+    known = {d.name for d in devices if d.kind is not DeviceKind.MIG}
     for i, entry in enumerate(data.get("links") or []):
         link = Link.parse(entry["link"])
         members = entry["devices"]
@@ -138,3 +147,36 @@ def _apply(dev: Device, spec: Mapping[str, Any]) -> Device:
         if key in spec:
             changes[attr] = spec[key]
     return replace(dev, **changes)
+
+
+def _mig_devices(gpu: Device, specs: list[Mapping[str, Any]], node: str, err: Any,
+                 path: list[Any]) -> tuple[Device, list[Device]]:
+    """The GPU in MIG mode and its MIG devices (`GPU<i>-mig<j>`), as NVML discovery describes them.
+
+    Defaults: GPU instance j, compute instance 0, capability minors in NVIDIA's
+    numbering, memory from the profile, a stable UUID from the node and names;
+    the parent's device minor (its index when the file gives none), so a MIG
+    device always names its parent's /dev/nvidia<minor>.
+    """
+    gpu = replace(gpu, attributes={**gpu.attributes, "mig_mode": "enabled"})
+    minor = gpu.minor if gpu.minor is not None else gpu.index
+    out: list[Device] = []
+    seen: set[tuple[int, int]] = set()
+    for j, spec in enumerate(specs):
+        gi, ci = spec.get("gi", j), spec.get("ci", 0)
+        if (gi, ci) in seen:
+            raise err([*path, j], f"GPU instance {gi} / compute instance {ci} is used twice on {gpu.name}",
+                      fix="give each MIG device its own gi (or ci)")
+        seen.add((gi, ci))
+        profile = spec["profile"]
+        gb = int(profile.split("g.")[-1].split("gb")[0])
+        mig_name = f"{gpu.name}-mig{j}"
+        attrs = {"profile": profile, "gi": str(gi), "ci": str(ci), "index": f"{gpu.index}:{j}",
+                 "caps": caps_attribute(*cap_minors(minor, gi, ci))}
+        out.append(Device(
+            name=mig_name, kind=DeviceKind.MIG, index=j, numa=gpu.numa, health=spec.get("health", HEALTHY),
+            uuid=spec.get("uuid") or "MIG-" + str(uuid.uuid5(_MIG_NS, f"{node}/{mig_name}")),
+            pci_bus_id=gpu.pci_bus_id, model=gpu.model, minor=minor,
+            memory_mib=spec.get("memoryMiB", gb * 1024), attributes=attrs, parent=gpu.name,
+        ))
+    return gpu, out

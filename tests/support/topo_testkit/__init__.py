@@ -8,6 +8,7 @@ subprocesses and benchmarks put `tests/support` on PYTHONPATH (`SUPPORT_DIR`).
 - `fake_nvml`: `FakeNvml`, NVML answered from a node description;
 - `sysfs_fixture`: generated sysfs, /dev and /proc trees of a GPU+NIC node;
 - `with_fake_nvml`: run the real CLI with the fake NVML as its `pynvml`;
+- `nvidia_configs`: NVIDIA device plugin config files, verbatim, for the compatibility tests;
 - `tm_cases`: the Topology Manager model's JSON case evaluators for the
   differential test against the real kubelet.
 """

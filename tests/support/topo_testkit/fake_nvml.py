@@ -24,6 +24,15 @@ What the topology becomes:
 - Constants and `NVMLError` come from the real pynvml (importing it does not
   load the library), so error classes and codes are the real ones.
 
+MIG: a GPU with `mig_mode: enabled` (a simulated node's `mig:` list) is in
+MIG mode, and its MIG devices (the topology's `DeviceKind.MIG` devices)
+answer the MIG calls of `plugin.sources.nvml_mig`: slots, UUIDs, GPU and
+compute instances with NVIDIA's A100 GPU-instance profile IDs (which differ
+from the profile indexes, as on real hardware), memory sizes, and
+`write_proc(root)`/`write_dev(root)` write the capability files
+(`driver/nvidia/capabilities/.../access`, `driver/nvidia-caps/mig-minors`,
+`devices`) and device nodes (`nvidia-caps/nvidia-cap<N>`) discovery reads.
+
 Failure and event injection for tests: `init_error`, `lose(gpu)` /
 `restore(gpu)`, `down_links`, `remote_device_type` ("ok", "function-not-found",
 "absent"), `common_ancestor=False`, `inject_xid`, `inject_double_bit_ecc`,
@@ -44,8 +53,9 @@ from typing import Any
 
 import pynvml
 
-from allocator.topology import Device, LinkLevel, NodeTopology
+from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
 
+from plugin.sources.nvml_mig import CI_PROFILES, GI_PROFILES, cap_minors
 from plugin.sources.pcie import normalize_bdf
 
 __all__ = ["FakeEventData", "FakeNvml", "FakePciInfo", "nvml_bus_id"]
@@ -104,6 +114,79 @@ class FakeHandle:
         return f"<fake nvmlDevice {self.index}>"
 
 
+#: NVIDIA's GPU-instance profile IDs on an A100 (`nvidia-smi mig -lgip`), by profile index; other
+#: indexes a node uses get 100 + index. Real IDs differ from the indexes, so discovery must match IDs.
+_GI_PROFILE_IDS = {0: 19, 1: 14, 2: 9, 3: 5, 4: 0, 7: 20, 9: 15}
+#: Slots of a GPU in MIG mode (nvmlDeviceGetMaxMigDeviceCount on A100/H100).
+_MIG_SLOTS = 7
+#: The nvidia-caps character major `write_proc` reports.
+CAPS_MAJOR = 237
+
+
+@dataclass
+class FakeMig:
+    """One MIG device of the fake: where it sits (slot, GPU/compute instance) and what it is."""
+
+    device: Device
+    gpu: int  # position of the parent in FakeNvml.gpus
+    slot: int
+    gi: int
+    ci: int
+    gi_profile: int  # profile indexes (NVML_GPU_INSTANCE_PROFILE_*, NVML_COMPUTE_INSTANCE_PROFILE_*)
+    ci_profile: int
+    memory_mib: int
+    caps: tuple[int, int]  # capability minors of the GPU instance and the compute instance
+
+
+@dataclass(eq=False)
+class FakeMigHandle:
+    mig: FakeMig
+
+    def __repr__(self) -> str:
+        return f"<fake MIG device {self.mig.gpu}:{self.mig.slot}>"
+
+
+@dataclass(eq=False)
+class FakeInstance:
+    """A GPU instance (ci None) or a compute instance of one fake GPU."""
+
+    gpu: int
+    gi: int
+    ci: int | None = None
+
+
+@dataclass
+class FakeInstanceInfo:
+    id: int
+    profileId: int
+
+
+@dataclass
+class FakeProfileInfo:
+    id: int
+    sliceCount: int
+    memorySizeMB: int = 0
+
+
+@dataclass
+class FakeAttributes:
+    memorySizeMB: int
+    gpuInstanceSliceCount: int
+    computeInstanceSliceCount: int
+
+
+def profile_indexes(profile: str) -> tuple[int, int]:
+    """(GPU-instance, compute-instance) profile indexes of a profile name (`1c.3g.40gb`, `1g.10gb+me`)."""
+    head, sign, attrs = profile.partition("+") if "+" in profile else profile.partition("-")
+    parts = head.split(".")
+    c = int(parts[0][:-1]) if len(parts) == 3 else None
+    g = int(parts[-2][:-1])
+    suffix = sign + attrs if sign else ""
+    gi = next(i for i, (slices, a) in sorted(GI_PROFILES.items()) if slices == g and a == suffix)
+    ci = next(i for i, slices in sorted(CI_PROFILES.items()) if slices == (c or g))
+    return gi, ci
+
+
 @dataclass
 class _FakeGpu:
     device: Device
@@ -118,6 +201,9 @@ class _FakeGpu:
     hw_links: int = _HW_LINKS
     down: set[int] = field(default_factory=set)
     lost: bool = False
+    mig_mode: bool = False
+    #: slot -> MIG device
+    migs: dict[int, FakeMig] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -191,6 +277,7 @@ class FakeNvml:
                 model=d.model or "NVIDIA Fake GPU", memory_mib=d.memory_mib or 81920,
             ))
         self.by_name = {g.device.name: g for g in self.gpus}
+        self._wire_migs(topology)
         self._by_uuid = {g.uuid: g for g in self.gpus}
         used_domains = {int(g.bdf.split(":")[0], 16) for g in self.gpus}
         free_domain = max(used_domains, default=0) + 1
@@ -244,6 +331,55 @@ class FakeNvml:
             for _ in range(k):
                 g.links[len(g.links)] = (npu, pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU)
             g.hw_links = min(int(pynvml.NVML_NVLINK_MAX_LINKS), max(g.hw_links, len(g.links)))
+
+    def _wire_migs(self, topology: NodeTopology) -> None:
+        pos = {g.device.name: p for p, g in enumerate(self.gpus)}
+        for g in self.gpus:
+            g.mig_mode = g.device.attributes.get("mig_mode") == "enabled"
+        for d in topology.of_kind(DeviceKind.MIG):
+            p = pos[d.parent or ""]
+            g = self.gpus[p]
+            gi, ci = int(d.attributes.get("gi", d.index)), int(d.attributes.get("ci", 0))
+            caps = [int(c.rsplit("nvidia-cap", 1)[1]) for c in d.attributes.get("caps", "").split(",") if c]
+            gi_profile, ci_profile = profile_indexes(d.attributes["profile"])
+            g.migs[d.index] = FakeMig(
+                device=d, gpu=p, slot=d.index, gi=gi, ci=ci, gi_profile=gi_profile, ci_profile=ci_profile,
+                memory_mib=d.memory_mib or 0,
+                caps=(caps[0], caps[1]) if len(caps) == 2 else cap_minors(g.minor, gi, ci))
+
+    def write_proc(self, root: str, access_files: bool = True, mig_minors: bool = True) -> str:
+        """Write what the NVIDIA driver shows in procfs about MIG capabilities, under `root`.
+
+        `access_files`: `driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>[/ci<ci>]/access`;
+        `mig_minors`: the `driver/nvidia-caps/mig-minors` table; always `devices` with the
+        nvidia-caps major. Returns `root`.
+        """
+        table = ["config 1", "monitor 2"]
+        for g in self.gpus:
+            for m in g.migs.values():
+                base = os.path.join(root, "driver", "nvidia", "capabilities", f"gpu{g.minor}", "mig", f"gi{m.gi}")
+                for rel, minor in (("", m.caps[0]), (f"ci{m.ci}", m.caps[1])):
+                    if access_files:
+                        _write(os.path.join(base, rel, "access"),
+                               f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+                table += [f"gpu{g.minor}/gi{m.gi}/access {m.caps[0]}", f"gpu{g.minor}/gi{m.gi}/ci{m.ci}/access {m.caps[1]}"]
+        if mig_minors:
+            _write(os.path.join(root, "driver", "nvidia-caps", "mig-minors"), "\n".join(dict.fromkeys(table)) + "\n")
+        _write(os.path.join(root, "devices"), f"Character devices:\n  1 mem\n195 nvidia\n{CAPS_MAJOR} nvidia-caps\n"
+                                              "\nBlock devices:\n  8 sd\n")
+        return root
+
+    def write_dev(self, root: str) -> str:
+        """Plain files standing in for the GPUs' device nodes under a dev root (nvidia<minor>, the control
+        nodes, nvidia-caps/nvidia-cap<N>). Returns `root`."""
+        for g in self.gpus:
+            _write(os.path.join(root, f"nvidia{g.minor}"), "")
+            for m in g.migs.values():
+                for minor in m.caps:
+                    _write(os.path.join(root, "nvidia-caps", f"nvidia-cap{minor}"), "")
+        for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
+            _write(os.path.join(root, name), "")
+        return root
 
     def write_sysfs(
         self,
@@ -429,6 +565,8 @@ class FakeNvml:
         self._count("nvmlDeviceGetUUID")
         if handle is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if isinstance(handle, FakeMigHandle):
+            return self._mig(handle).device.uuid or ""
         return self._h(handle).uuid
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
@@ -491,6 +629,104 @@ class FakeNvml:
         if ga is gb:
             return pynvml.NVML_TOPOLOGY_INTERNAL
         return _LEVEL_TO_NVML[self.topology.link(ga.device.name, gb.device.name).level]
+
+    # MIG
+    def _mig(self, handle: Any) -> FakeMig:
+        self._check_init()
+        if not isinstance(handle, FakeMigHandle):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if self.gpus[handle.mig.gpu].lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return handle.mig
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        self._count("nvmlDeviceGetMigMode")
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if self._h(handle).mig_mode else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        self._count("nvmlDeviceGetMaxMigDeviceCount")
+        g = self._h(handle)
+        return max([_MIG_SLOTS, *(s + 1 for s in g.migs)]) if g.mig_mode else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> FakeMigHandle:
+        self._count("nvmlDeviceGetMigDeviceHandleByIndex")
+        g = self._h(handle)
+        if not g.mig_mode:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if index not in g.migs:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeMigHandle(g.migs[index])
+
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> bool:
+        return isinstance(handle, FakeMigHandle)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any) -> FakeHandle:
+        return self.gpus[self._mig(handle).gpu].handle
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        self._count("nvmlDeviceGetGpuInstanceId")
+        return self._mig(handle).gi
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        self._count("nvmlDeviceGetComputeInstanceId")
+        return self._mig(handle).ci
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> FakeAttributes:
+        self._count("nvmlDeviceGetAttributes")
+        m = self._mig(handle)
+        return FakeAttributes(m.memory_mib, GI_PROFILES[m.gi_profile][0], CI_PROFILES[m.ci_profile])
+
+    nvmlDeviceGetAttributes_v2 = nvmlDeviceGetAttributes
+
+    def _instance_mig(self, inst: FakeInstance) -> FakeMig:
+        for m in self.gpus[inst.gpu].migs.values():
+            if m.gi == inst.gi and (inst.ci is None or m.ci == inst.ci):
+                return m
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi: int) -> FakeInstance:
+        self._count("nvmlDeviceGetGpuInstanceById")
+        g = self._h(handle)
+        inst = FakeInstance(g.handle.index, gi)
+        self._instance_mig(inst)
+        return inst
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: FakeInstance, ci: int) -> FakeInstance:
+        self._count("nvmlGpuInstanceGetComputeInstanceById")
+        inst = FakeInstance(gi.gpu, gi.gi, ci)
+        self._instance_mig(inst)
+        return inst
+
+    def nvmlGpuInstanceGetInfo(self, gi: FakeInstance) -> FakeInstanceInfo:
+        self._count("nvmlGpuInstanceGetInfo")
+        m = self._instance_mig(gi)
+        return FakeInstanceInfo(gi.gi, _GI_PROFILE_IDS.get(m.gi_profile, 100 + m.gi_profile))
+
+    def nvmlComputeInstanceGetInfo(self, ci: FakeInstance) -> FakeInstanceInfo:
+        self._count("nvmlComputeInstanceGetInfo")
+        m = self._instance_mig(ci)
+        return FakeInstanceInfo(ci.ci or 0, m.ci_profile)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> FakeProfileInfo:
+        self._count("nvmlDeviceGetGpuInstanceProfileInfo")
+        g = self._h(handle)
+        used = {m.gi_profile for m in g.migs.values()}
+        if profile not in _GI_PROFILE_IDS and profile not in used:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED if profile < len(GI_PROFILES)
+                                   else pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        slices = GI_PROFILES[profile][0]
+        return FakeProfileInfo(_GI_PROFILE_IDS.get(profile, 100 + profile), slices, g.memory_mib * slices // 8)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: FakeInstance, profile: int, eng: int,
+                                                     version: int = 2) -> FakeProfileInfo:
+        self._count("nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        m = self._instance_mig(gi)
+        if profile not in CI_PROFILES or eng != 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if CI_PROFILES[profile] > GI_PROFILES[m.gi_profile][0]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return FakeProfileInfo(profile, CI_PROFILES[profile])
 
     # events
     def nvmlEventSetCreate(self) -> _EventSet:

@@ -1,0 +1,71 @@
+"""Keeping our CDI spec directory in step with the resources the daemon serves.
+
+Why a class of its own: the daemon makes one call at start, one per topology
+or config change and one at shutdown; what to write, when the directory may
+be touched at all, and what a failure means belong here.
+
+- Specs come from the resources (`Resource.cdi_spec`, built with them), so
+  the file a runtime reads and the names Allocate returns always agree.
+- The directory is only touched once a resource has a spec (a CDI device
+  list strategy with `--cdi-specs write`), or to remove what this process
+  wrote: a daemon with `envvar` never creates or cleans /var/run/cdi.
+- At start a failure stops the daemon (exit 1: a container given CDI names
+  without a spec cannot be created); later it is logged and the last
+  written specs stay.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import RuntimeFailure
+from .writer import CdiSpecWriter, CdiWriteError
+
+if TYPE_CHECKING:  # the resource layer imports plugin.cdi
+    from ..resources import Resource
+
+log = logging.getLogger(__name__)
+
+
+class CdiSyncError(RuntimeFailure):
+    """Our CDI specs cannot be written at start (exit 1, with the fix)."""
+
+
+class SpecSync:
+    def __init__(self, directory: str | None):
+        self.writer = CdiSpecWriter(directory) if directory else None
+        #: Files of ours are in the directory (written by this process).
+        self.active = False
+
+    def sync(self, resources: Iterable[Resource], at_start: bool = True) -> None:
+        """Write the specs of `resources` and remove our others (blocking: run it in a thread)."""
+        if self.writer is None:
+            return
+        specs = [r.cdi_spec for r in resources if r.cdi_spec is not None]
+        if not specs and not self.active:
+            return
+        try:
+            result = self.writer.sync(specs)
+        except CdiWriteError as e:
+            if at_start:
+                raise CdiSyncError(f"{e} (fix: mount the host's {self.writer.directory} into the container "
+                                   "writable, or point --cdi-spec-dir at a directory the runtime reads)") from None
+            log.error("CDI specs not updated; containers may get stale devices", extra={"reason": str(e)})
+            return
+        self.active = bool(specs)
+        if result.written or result.removed:
+            log.info("CDI specs in step", extra={"directory": self.writer.directory,
+                                                 "written": ", ".join(result.written) or "-",
+                                                 "removed": ", ".join(result.removed) or "-"})
+
+    def remove_all(self) -> None:
+        """Shutdown: remove the specs this process wrote (a failure is logged)."""
+        if self.writer is None or not self.active:
+            return
+        try:
+            self.writer.remove_all()
+            self.active = False
+        except CdiWriteError as e:
+            log.error("CDI specs not removed at shutdown", extra={"reason": str(e)})

@@ -1,0 +1,114 @@
+"""The config file's `sharing:` section: NVIDIA's time-slicing configuration, read as NVIDIA writes it.
+
+Why NVIDIA's format as is: an operator switching from NVIDIA's device plugin
+brings a ConfigMap with `sharing.timeSlicing`; it must work unchanged
+(docs/sharing.md has the compatibility table). The JSON schema
+(`config-v1.json`, `$defs.replicatedResources`) checks the shapes and NVIDIA's
+rules (at least one resource, `replicas >= 2`, `devices` is `all`, a count > 0
+or a list of GPU indexes, MIG indexes `<gpu>:<mig>` and UUIDs); this module
+keeps what the resource layer needs, with the file and line of each entry so
+a rule that can only be checked against the node's devices (in
+`plugin.time_slicing`) still names the place to fix.
+
+Where we differ from NVIDIA: `rename` and `devices` are honoured (NVIDIA
+parses them but ignores them with a "not yet supported" warning), and
+`sharing.mps` is refused (MPS needs NVIDIA's MPS control daemon; out of scope).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from ..errors import InputError
+from ..yamlpath import line_of
+
+#: Suffix `renameByDefault` appends, as NVIDIA's `DefaultSharedRename`.
+SHARED_SUFFIX = ".shared"
+#: The domain NVIDIA puts in front of a name without one (`gpu` -> `nvidia.com/gpu`).
+NVIDIA_DOMAIN = "nvidia.com"
+
+
+class SharingError(InputError):
+    """A `sharing:` section the daemon cannot serve; the message names the file, line, field and fix."""
+
+
+@dataclass(frozen=True)
+class DeviceSelection:
+    """`devices:` of one entry: all of them (NVIDIA's default), the first `count`, or the listed `refs`."""
+
+    count: int | None = None
+    #: GPU indexes (`"3"`), MIG indexes (`"0:1"`) and UUIDs (`GPU-…`, `MIG-…`), as written.
+    refs: tuple[str, ...] = ()
+
+    @property
+    def all(self) -> bool:
+        return self.count is None and not self.refs
+
+
+@dataclass(frozen=True)
+class SharedResource:
+    """One `sharing.timeSlicing.resources[i]` entry, names as written (qualified by `qualify`)."""
+
+    name: str
+    replicas: int
+    rename: str | None = None
+    devices: DeviceSelection = DeviceSelection()
+    #: `file:line: field sharing.timeSlicing.resources[i]`, for messages about this entry.
+    where: str = "sharing.timeSlicing.resources"
+
+
+@dataclass(frozen=True)
+class TimeSlicing:
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    resources: tuple[SharedResource, ...] = ()
+
+    def target(self, entry: SharedResource, domain: str) -> str:
+        """The resource the entry's replicas are served as: `rename`, else `<name>.shared` with
+        `renameByDefault`, else the name itself."""
+        if entry.rename:
+            return qualify(entry.rename, domain)
+        name = qualify(entry.name, domain)
+        return name + SHARED_SUFFIX if self.rename_by_default else name
+
+
+def qualify(name: str, domain: str = NVIDIA_DOMAIN) -> str:
+    """`gpu` -> `<domain>/gpu` (NVIDIA prefixes names that have no domain); a full name stays."""
+    return name if "/" in name else f"{domain}/{name}"
+
+
+def parse_sharing(section: Mapping[str, Any] | None, root: yaml.Node | None, path: str) -> TimeSlicing | None:
+    """The schema-checked `sharing:` section -> `TimeSlicing` (None when there is none)."""
+    if not section:
+        return None
+    if section.get("mps") is not None:
+        line = line_of(root, ["sharing", "mps"])
+        raise SharingError(
+            f"{path}:{line}: field sharing.mps: MPS sharing is not supported: it needs NVIDIA's MPS control "
+            "daemon (fix: remove sharing.mps, or share GPUs by time-slicing with sharing.timeSlicing; "
+            "see docs/sharing.md)")
+    ts = section.get("timeSlicing")
+    if not ts:
+        return None
+    entries = []
+    for i, raw in enumerate(ts["resources"]):
+        where = f"{path}:{line_of(root, ['sharing', 'timeSlicing', 'resources', i])}: field " \
+                f"sharing.timeSlicing.resources[{i}]"
+        devices = raw.get("devices", "all")
+        if devices == "all":
+            selection = DeviceSelection()
+        elif isinstance(devices, int):
+            selection = DeviceSelection(count=devices)
+        else:
+            selection = DeviceSelection(refs=tuple(str(d) for d in devices))
+        entries.append(SharedResource(name=raw["name"], replicas=raw["replicas"], rename=raw.get("rename") or None,
+                                      devices=selection, where=where))
+    return TimeSlicing(
+        rename_by_default=bool(ts.get("renameByDefault", False)),
+        fail_requests_greater_than_one=bool(ts.get("failRequestsGreaterThanOne", False)),
+        resources=tuple(entries),
+    )

@@ -1,0 +1,126 @@
+"""MIG discovery through NVML's MIG calls, against the fake NVML driven by the MIG node descriptions,
+with generated sysfs and procfs (capability files) and device nodes.
+
+The simulated node and the NVML path must agree device by device: what `discover --simulate` shows is
+what the daemon finds on the real machine with the same layout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from click.testing import CliRunner
+
+from allocator.topology import DeviceKind
+from plugin.cli import cli
+from plugin.sources.nvml_gpus import NvmlGpuSource
+from plugin.sources.nvml_mig import cap_minors, memory_gb, profile_name
+from plugin.sources.simulated import load_simulated
+from topo_testkit.fake_nvml import CAPS_MAJOR, FakeNvml
+from topo_testkit.with_fake_nvml import fake_for, installed
+
+MIB = 1 << 20
+
+
+def discover(node: str, tmp_path, **proc_kw):
+    sim = load_simulated(node)
+    fake = FakeNvml(sim.without(d.name for d in sim.nics))
+    sysfs = fake.write_sysfs(str(tmp_path / "sys"))
+    proc = fake.write_proc(str(tmp_path / "proc"), **proc_kw)
+    return sim, fake, NvmlGpuSource(nvml=fake, sysfs_root=sysfs, proc_root=proc).load()
+
+
+@pytest.mark.parametrize("node", ["dgx-a100-mig", "dgx-a100-mig-1g"])
+@pytest.mark.parametrize("files", ["access files", "mig-minors only"])
+def test_nvml_finds_the_simulated_mig_devices_field_by_field(node, files, tmp_path):
+    kw = {"access_files": files == "access files"}
+    sim, fake, found = discover(node, tmp_path, **kw)
+    want = {d.name: d for d in sim.of_kind(DeviceKind.MIG)}
+    got = {d.name: d for d in found.of_kind(DeviceKind.MIG)}
+    assert list(got) == list(want) and got
+    for name, w in want.items():
+        g = got[name]
+        attrs = dict(g.attributes)
+        assert attrs.pop("caps_major") == str(CAPS_MAJOR)
+        assert attrs == dict(w.attributes), name  # profile, GPU/compute instance, index, capability nodes
+        assert (g.uuid, g.parent, g.numa, g.index, g.memory_mib, g.minor) == (
+            w.uuid, w.parent, w.numa, w.index, w.memory_mib, w.minor), name
+    modes = {d.name: d.attributes.get("mig_mode") for d in found.gpus}
+    assert modes == {d.name: d.attributes.get("mig_mode") for d in sim.gpus}
+    assert fake.init_count == 0
+
+
+def test_without_procfs_mig_devices_have_no_caps_and_one_warning(tmp_path, caplog):
+    sim = load_simulated("dgx-a100-mig")
+    fake = FakeNvml(sim.without(d.name for d in sim.nics))
+    with caplog.at_level(logging.WARNING):
+        found = NvmlGpuSource(nvml=fake, sysfs_root=fake.write_sysfs(str(tmp_path / "sys")),
+                              proc_root=str(tmp_path / "no-proc")).load()
+    migs = found.of_kind(DeviceKind.MIG)
+    assert len(migs) == 31 and not any("caps" in d.attributes for d in migs)
+    assert caplog.text.count("MIG capability device minors not found") == 1
+
+
+def test_gpus_without_mig_mode_report_no_mig_devices(tmp_path):
+    sim, fake, found = discover("dgx-a100", tmp_path)
+    assert not found.of_kind(DeviceKind.MIG) and fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == 0
+    assert all("mig_mode" not in d.attributes for d in found.gpus)
+
+
+def test_a_lost_gpu_keeps_its_place_and_reports_no_mig_devices(tmp_path):
+    sim = load_simulated("dgx-a100-mig-1g")
+    fake = FakeNvml(sim.without(d.name for d in sim.nics))
+    fake.lose("GPU2")
+    # GPU_IS_LOST on the handle: the GPU is skipped (nvml_gpus), the others keep their MIG devices
+    found = NvmlGpuSource(nvml=fake, sysfs_root=fake.write_sysfs(str(tmp_path / "sys")),
+                          proc_root=fake.write_proc(str(tmp_path / "proc"))).load()
+    parents = {d.parent for d in found.of_kind(DeviceKind.MIG)}
+    assert parents == {f"GPU{i}" for i in range(8)} - {"GPU2"}
+
+
+@pytest.mark.parametrize("gi, ci, mig_mib, gpu_mib, name", [
+    # A100-SXM4-40GB (40536 MiB): NVIDIA's profiles with their real memory sizes
+    (0, 0, 4864, 40536, "1g.5gb"),
+    (1, 1, 9984, 40536, "2g.10gb"),
+    (2, 2, 20096, 40536, "3g.20gb"),
+    (4, 4, 40192, 40536, "7g.40gb"),
+    (2, 0, 20096, 40536, "1c.3g.20gb"),
+    (7, 0, 4864, 40536, "1g.5gb+me"),
+    # A100-SXM4-80GB (81920 MiB)
+    (0, 0, 9728, 81920, "1g.10gb"),
+    (9, 0, 19968, 81920, "1g.20gb"),
+    (2, 2, 40448, 81920, "3g.40gb"),
+])
+def test_profile_names_as_nvidia_writes_them(gi, ci, mig_mib, gpu_mib, name):
+    assert profile_name(gi, ci, mig_mib, gpu_mib * MIB) == name
+
+
+def test_memory_rounds_halves_up_as_go_does():
+    # 1/8 of a 12 GiB GPU is 1.5 GiB -> 2; 5/8 of a 4 GiB GPU is 2.5 GiB -> 3 (Python's round() gives 2)
+    assert memory_gb(1536, 12 << 30) == 2
+    assert memory_gb(2560, 4 << 30) == 3
+
+
+def test_capability_minors_follow_nvidias_numbering():
+    assert cap_minors(0, 0, 0) == (3, 4)  # /proc/driver/nvidia-caps/mig-minors: gpu0/gi0/access 3, ci0 4
+    assert cap_minors(0, 1, 0) == (12, 13)
+    assert cap_minors(1, 0, 2) == (138, 141)
+
+
+def test_discover_shows_mig_resources_through_the_cli(tmp_path):
+    node = "dgx-a100-mig"
+    fake = fake_for(node)
+    sysfs, proc = fake.write_sysfs(str(tmp_path / "sys")), fake.write_proc(str(tmp_path / "proc"))
+    with installed(fake):
+        r = CliRunner().invoke(cli, ["discover", "--sysfs-root", sysfs, "--proc-root", proc, "--mig-strategy",
+                                     "mixed", "--device-id-strategy", "index", "--format", "json"],
+                               env={"TOPO_DP_FAIL_ON_INIT_ERROR": "true"})
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output[r.output.index("{"):])
+    resources = {x["name"]: [d["id"] for d in x["devices"]] for x in data["resources"]}
+    assert resources["nvidia.com/mig-7g.80gb"] == ["4:0"] and resources["nvidia.com/gpu"] == ["7"]
+    assert len(resources["nvidia.com/mig-1g.10gb"]) == 24
+    caps = {d["name"]: d["attributes"].get("caps") for d in data["devices"] if d["kind"] == "mig"}
+    assert caps["GPU4-mig0"] == "/dev/nvidia-caps/nvidia-cap543,/dev/nvidia-caps/nvidia-cap544"
