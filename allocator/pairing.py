@@ -344,3 +344,18 @@ class PairingIndex:
                 if any(row):
                     weights[cid] = row
         return Partners(tuple(f"{r}={i}" for r, i in cols), tuple(numa), MappingProxyType(weights))
+
+    def match(self, resource: str, ids: Sequence[str], group: Mapping[str, Iterable[str]]
+              ) -> tuple[tuple[str, str, int], ...]:
+        """The best one-to-one GPU–NIC matching between `ids` (of `resource`) and the devices of
+        `group`'s other resources: (ID, `<resource>=<id>` of its partner, weight) per matched pair.
+
+        What a container got, as pairs (metrics, `explain`); unknown IDs pair with nothing.
+        """
+        partners = self.partners(resource, group)
+        if not partners:
+            return ()
+        m = Matching(len(partners))
+        for i in ids:
+            m.push(partners.row(i))
+        return tuple((ids[r], partners.ids[c], m.rows[r][c]) for r, c in m.pairs())

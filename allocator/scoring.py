@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .pairing import NO_PARTNERS, Partners, pairing_weight
 from .topology import DeviceGraph
 
 #: Policies whose objective `objective_key` knows, in the order `get_policy` lists them.
@@ -132,16 +133,24 @@ class Evaluation:
     score: int
     left_score: int
     ports: int
+    #: X(S, P): the best one-to-one GPU–NIC pairing weight with the request's partners (0 without).
+    pairing: int = 0
 
 
-def evaluate(graph: DeviceGraph, available: Iterable[str], chosen: Iterable[str]) -> Evaluation:
+def evaluate(graph: DeviceGraph, available: Iterable[str], chosen: Iterable[str],
+             partners: Partners = NO_PARTNERS) -> Evaluation:
+    """The numbers of `chosen`; with partners, `span` is span(S u P) and `pairing` is X(S, P)."""
     a = _indices(graph, available)
+    chosen = list(chosen)
     s = _indices(graph, chosen)
+    numa = {graph.numa[i] for i in s if graph.numa[i] is not None}
+    numa |= {n for n in partners.numa if n is not None}
     return Evaluation(
-        span=span_idx(graph, s),
+        span=len(numa),
         score=score_idx(graph, s),
         left_score=left_score_idx(graph, a, s),
         ports=port_count_idx(graph, s),
+        pairing=pairing_weight([partners.row(i) for i in chosen], len(partners)) if partners else 0,
     )
 
 
@@ -164,12 +173,31 @@ def objective_key(policy: str, ev: Evaluation) -> tuple[int, ...]:
     raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(OBJECTIVES)}")
 
 
-def rank(graph: DeviceGraph, policy: str, available: Iterable[str], chosen: Iterable[str]) -> tuple:
+def paired_objective_key(policy: str, ev: Evaluation) -> tuple[int, ...]:
+    """The criteria with partners (spec, "pairing GPUs with NICs"); `ev` from `evaluate` with partners.
+
+    - numa-first: span(S u P), W(S), X(S, P), W(A\\S); link-first swaps the first two;
+    - spread / packed: span(S u P), X(S, P), then the pool's criteria.
+    """
+    if policy == "numa-first":
+        return (ev.span, -ev.score, -ev.pairing, -ev.left_score)
+    if policy == "link-first":
+        return (-ev.score, ev.span, -ev.pairing, -ev.left_score)
+    if policy in ("spread", "packed"):
+        plain = objective_key(policy, ev)
+        return (plain[0], -ev.pairing, *plain[1:])
+    raise ValueError(f"unknown policy {policy!r}: expected one of {', '.join(OBJECTIVES)}")
+
+
+def rank(graph: DeviceGraph, policy: str, available: Iterable[str], chosen: Iterable[str],
+         partners: Partners = NO_PARTNERS) -> tuple:
     """Full preference key of a set (smaller is better), including the fixed tie rule.
 
     The tie rule is the lexicographically smallest tuple of positions in
     `graph.ids` (sorted): it does not depend on the order of `available`.
+    With partners the key is `paired_objective_key`'s.
     """
     chosen = list(chosen)
-    ev = evaluate(graph, available, chosen)
-    return objective_key(policy, ev) + (tuple(sorted(_indices(graph, chosen))),)
+    ev = evaluate(graph, available, chosen, partners)
+    key = paired_objective_key(policy, ev) if partners else objective_key(policy, ev)
+    return key + (tuple(sorted(_indices(graph, chosen))),)

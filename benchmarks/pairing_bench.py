@@ -199,6 +199,17 @@ class SimResult:
         return self.close / self.gpus if self.gpus else 0.0
 
 
+def churn(seq: random.Random, running: list[str], release, fits) -> None:
+    """Pods leave between two admissions: each running pod with probability 1/4, then random ones
+    until `fits()` (the next pod fits the free devices)."""
+    for uid in list(running):
+        if seq.random() < 0.25:
+            running.remove(uid)
+            release(uid)
+    while not fits():
+        release(running.pop(seq.randrange(len(running))))
+
+
 def simulate(node: str, window_s: float, pods: int, seed: int, max_g: int = 4) -> SimResult:
     """A pod sequence with churn; the same sequence for every window (the seed fixes it)."""
     topology = load_simulated(node)
@@ -211,13 +222,7 @@ def simulate(node: str, window_s: float, pods: int, seed: int, max_g: int = 4) -
     cap = min(max_g, len(k.resources[gpu].devices), len(k.resources[nic].devices))
     for n in range(pods):
         g = seq.randint(1, cap)
-        for uid in list(running):
-            if seq.random() < 0.25:
-                running.remove(uid)
-                k.release(uid)
-        while k.free(gpu) < g or k.free(nic) < g:
-            uid = running.pop(seq.randrange(len(running)))
-            k.release(uid)
+        churn(seq, running, k.release, lambda: k.free(gpu) >= g and k.free(nic) >= g)
         k.wait(seq.choice((0.05, 0.5, 3.0)))
         uid = f"pod{n}"
         got = k.admit(uid, [Container("main", {gpu: g, nic: g})])["main"]
@@ -283,6 +288,7 @@ def simulation(nodes: Sequence[str], pods: int, seed: int) -> None:
 # -- 3. the hard end of the exact range ---------------------------------------------
 def hard_end(nodes: int, seed: int) -> None:
     sys.path.insert(0, str(ROOT.parent / "tests" / "allocator"))
+    sys.path.insert(0, str(ROOT.parent / "tests" / "support"))  # pairing_testlib uses topo_testkit
     from pairing_testlib import generated_node
 
     print(f"\n## 3. {nodes} generated nodes with 16 GPUs and 16 NICs, all available, k = 2..8, 1-12 partners:"

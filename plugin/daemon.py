@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from .errors import InputError
 from .filewatch import watch_file
 from .health_endpoint import HealthServer
 from .metrics import Metrics
+from .pairing_service import PairingService
+from .pod_resources import PodResourcesReader
 from .preferred import DEFAULT_DEADLINE_S
 from .ratelimited_log import RateLimitedLog
 from .registration import (
@@ -75,6 +78,8 @@ class DaemonOptions:
     preferred_deadline_s: float = DEFAULT_DEADLINE_S
     #: Threads for preferred-allocation searches (why threads, why two: `plugin.search_pool`).
     search_workers: int = 2
+    #: The kubelet's pod-resources socket, to check pairing partners against (None: not read).
+    pod_resources_socket: str | None = None
 
 
 class _Retry:
@@ -114,6 +119,7 @@ class Daemon:
         policy_factory: PolicyFactory = default_policy_factory,
         metrics: Metrics | None = None,
         reload_resources: Callable[[], ResourceOptions] | None = None,
+        clock: Callable[[], float] = time.monotonic,  # the pairing window's clock (tests drive it)
     ):
         self.source = source
         self.options = options
@@ -132,10 +138,14 @@ class Daemon:
         self._side_tasks: set[asyncio.Task] = set()
         self._reload_lock = asyncio.Lock()
         self._kubelet_seen: tuple | None = None
-        #: Shared by every server: one search pool, one rate-limited rejection log, the request deadline.
+        #: GPU–NIC pairing, shared by every server; its index follows the resources.
+        self.pairing = PairingService(
+            resource_options.pairing_window_s, clock,
+            pod_resources=PodResourcesReader(options.pod_resources_socket) if options.pod_resources_socket else None)
+        #: Shared by every server: one search pool, one rate-limited rejection log, the request deadline, pairing.
         self.handling = RequestHandling(SearchPool(options.search_workers),
                                         RateLimitedLog(logging.getLogger("plugin.server")),
-                                        options.preferred_deadline_s)
+                                        options.preferred_deadline_s, self.pairing)
         self.health_server: HealthServer | None = None
         self.started = asyncio.Event()
         self.cdi = SpecSync(options.cdi_spec_dir)
@@ -168,6 +178,7 @@ class Daemon:
                 loop.add_signal_handler(sig, handler)
         self.topology = await asyncio.to_thread(self.source.load)
         resources = build_resources(self.topology, self.resource_options)
+        self.pairing.rebuild(self.topology, {r.name: r.devices for r in resources})
         log.info("topology discovered", extra={"source": self.source.description,
                                                "devices": len(self.topology.devices),
                                                "resources": ", ".join(r.name for r in resources) or "none"})
@@ -247,6 +258,8 @@ class Daemon:
             self._retry_handle.cancel()
         await asyncio.gather(*(s.stop(send_empty=True) for s in self.servers.values()))
         self.handling.search.close()
+        if self.pairing.pod_resources is not None:
+            await self.pairing.pod_resources.close()
         self.handling.limited_log.flush(force=True)
         if self.health_server:
             await self.health_server.stop()
@@ -286,6 +299,11 @@ class Daemon:
         self.metrics.topology_updates.inc()
         await asyncio.to_thread(self.cdi.sync, resources, False)
         wanted = {r.name: r for r in resources}
+        # Before the servers see the new resources, so no request meets IDs the index lacks.
+        self.pairing.rebuild(topology, {r.name: r.devices for r in resources})
+        if self.pairing.window_s != self.resource_options.pairing_window_s:
+            self.pairing.set_window(self.resource_options.pairing_window_s)
+            log.info("pairing window changed", extra={"window_s": self.pairing.window_s})
         for name, server in list(self.servers.items()):
             if name not in wanted:
                 del self.servers[name]

@@ -39,6 +39,10 @@ class Metrics:
         self.allocated_devices = Counter("topo_dp_allocated_devices_total", "Devices handed out by Allocate",
                                          ["resource"], registry=r)
         self.topology_updates = Counter("topo_dp_topology_updates_total", "Topology changes applied", registry=r)
+        self.pairs = Counter("topo_dp_pairs_total", "GPU-NIC pairs containers got, by the resource whose "
+                             "Allocate completed them", ["resource"], registry=r)
+        self.pair_links = Counter("topo_dp_pair_links_total", "Link type between each paired GPU and its NIC",
+                                  ["link"], registry=r)
         self.http_connections_dropped = Counter(
             "topo_dp_http_connections_dropped_total",
             "HTTP endpoint connections cut: timeout (request or response too slow), evicted (the oldest "
@@ -59,6 +63,13 @@ class Metrics:
 
     def allocated(self, resource: str, n: int) -> None:
         self.allocated_devices.labels(resource).inc(n)
+
+    def paired(self, resource: str, links: list[str]) -> None:
+        """Pairs one `Allocate` completed, by their link types (PIX, PXB, PHB, NODE, SYS)."""
+        if links:
+            self.pairs.labels(resource).inc(len(links))
+            for link in links:
+                self.pair_links.labels(link).inc()
 
     def set_devices(self, resource: str, healthy: int, unhealthy: int) -> None:
         self.devices.labels(resource, "Healthy").set(healthy)

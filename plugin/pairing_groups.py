@@ -54,17 +54,29 @@ DEFAULT_PAIRING_WINDOW_S = 1.0
 _EMPTY: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
 
+def _checked_window(window_s: float) -> float:
+    if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s >= 0):
+        raise ValueError(f"pairing window must be a number of seconds >= 0 (0 turns pairing off), got {window_s!r}")
+    return float(window_s)
+
+
 class PairingGroups:
     """The current group: resource -> device IDs of its `Allocate`, and when the last one came."""
 
     def __init__(self, window_s: float = DEFAULT_PAIRING_WINDOW_S, clock: Callable[[], float] = time.monotonic):
-        if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s >= 0):
-            raise ValueError(f"pairing window must be a number of seconds >= 0 (0 turns pairing off), got {window_s!r}")
-        self.window_s = float(window_s)
+        self.window_s = _checked_window(window_s)
         self._clock = clock
         self._lock = threading.Lock()
         self._group: dict[str, tuple[str, ...]] = {}
         self._last = 0.0
+
+    def set_window(self, window_s: float) -> None:
+        """Change the window (a live config reload); 0 turns pairing off and forgets the open group."""
+        window_s = _checked_window(window_s)
+        with self._lock:
+            self.window_s = window_s
+            if not window_s:
+                self._group = {}
 
     @property
     def enabled(self) -> bool:

@@ -34,6 +34,7 @@ import dataclasses
 import time
 
 from allocator import Allocation, AllocationError, AllocationRequest, Policy
+from allocator.pairing import NO_PARTNERS, Partners
 from allocator.request import check_list_sizes
 from allocator.topology import DeviceGraph
 
@@ -61,11 +62,14 @@ def check_shape(request: api_pb2.PreferredAllocationRequest, devices: int) -> No
             raise AllocationError(f"container_requests[{i}]: {e}") from None
 
 
-def validate_all(graph: DeviceGraph, request: api_pb2.PreferredAllocationRequest) -> list[AllocationRequest]:
-    """Every container request as an `AllocationRequest`, validated (runs on a worker thread)."""
+def validate_all(graph: DeviceGraph, request: api_pb2.PreferredAllocationRequest,
+                 partners: Partners = NO_PARTNERS) -> list[AllocationRequest]:
+    """Every container request as an `AllocationRequest` with the call's `partners`, validated
+    (runs on a worker thread)."""
     out = []
     for i, creq in enumerate(request.container_requests):
-        req = AllocationRequest.of(creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size)
+        req = AllocationRequest.of(creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size,
+                                   partners)
         try:
             req.validate(graph)
         except AllocationError as e:

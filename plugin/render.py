@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocator.topology import DeviceKind, NodeTopology
+from allocator.pairing import pair_label, pair_weight
+from allocator.topology import Device, DeviceKind, NodeTopology
 
 from .resources import Resource
 
@@ -43,6 +44,16 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+def closest_nics(topology: NodeTopology, gpu: Device) -> tuple[str, list[str]]:
+    """The NICs best linked to `gpu` (what pairing gives it when they are free) and that link's type;
+    ("", []) on a node without NICs."""
+    weights = {n.name: pair_weight(topology, gpu, n) for n in topology.nics}
+    if not weights:
+        return "", []
+    top = max(weights.values())
+    return pair_label(top), [n for n, w in weights.items() if w == top]
+
+
 def render_table(topology: NodeTopology, resources: list[Resource], description: str) -> str:
     migs = topology.of_kind(DeviceKind.MIG)
     out = [f"Node {topology.source} ({description}): {plural(len(topology.gpus), 'GPU')}, "
@@ -58,7 +69,13 @@ def render_table(topology: NodeTopology, resources: list[Resource], description:
         elif r.kind is DeviceKind.GPU:
             rows = [[d.id, d.device.name, _numa(d.numa), d.health, d.device.model or "-",
                      d.device.pci_bus_id or "-"] for d in r.devices]
-            out += ["  " + line for line in _table(rows, ["ID", "DEVICE", "NUMA", "HEALTH", "MODEL", "PCI"])]
+            header = ["ID", "DEVICE", "NUMA", "HEALTH", "MODEL", "PCI"]
+            if topology.nics:
+                header.append("CLOSEST NICS")
+                for row, d in zip(rows, r.devices):
+                    link, nics = closest_nics(topology, d.device)
+                    row.append(f"{','.join(nics)} ({link})")
+            out += ["  " + line for line in _table(rows, header)]
         else:
             rows = [[d.id, d.device.name, _numa(d.numa), d.health, d.device.port or "-",
                      d.device.attributes.get("netdev", "-"), d.device.attributes.get("driver", "-")]
@@ -85,7 +102,9 @@ def to_data(topology: NodeTopology, resources: list[Resource]) -> dict[str, Any]
         "devices": [
             {"name": d.name, "kind": d.kind.value, "index": d.index, "numa": d.numa, "health": d.health,
              "uuid": d.uuid, "pciBusId": d.pci_bus_id, "model": d.model, "port": d.port,
-             "parent": d.parent, "attributes": dict(d.attributes)}
+             "parent": d.parent, "attributes": dict(d.attributes),
+             **({"closestNics": dict(zip(("link", "nics"), closest_nics(topology, d)))}
+                if d.kind is DeviceKind.GPU and topology.nics else {})}
             for d in topology.devices
         ],
         "resources": [

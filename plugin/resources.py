@@ -107,6 +107,9 @@ class ResourceOptions:
     nic_policy: str = "spread"
     #: Where NIC Allocate responses find device nodes (vfio, /dev/infiniband...), for the default pool.
     dev_root: str = "/dev"
+    #: The GPU–NIC pairing window in seconds (0: off). Not used to build resources: it travels with
+    #: them because a config reload applies it live, as it applies them (`plugin.pairing_service`).
+    pairing_window_s: float = 1.0
     #: NVIDIA's MIG strategy (`plugin.mig_strategy`).
     mig_strategy: str = "none"
     #: NVIDIA's `sharing.timeSlicing` (None: nothing is shared).

@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 import grpc
 
 from allocator import AllocationError, Policy
+from allocator.pairing import pair_label
 from allocator.request import brief_ids
 
 from . import preferred
 from .allocate_response import ContainerAllocation
 from .api import api_pb2, api_pb2_grpc
 from .metrics import Metrics
+from .pairing_service import PairingService
 from .ratelimited_log import RateLimitedLog, reason_kind
 from .registration import SocketIdentity, socket_identity
 from .resources import Resource
@@ -60,6 +62,8 @@ class RequestHandling:
     limited_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
     #: Whole-request deadline of GetPreferredAllocation (why 1 s: `plugin.preferred`).
     deadline_s: float = preferred.DEFAULT_DEADLINE_S
+    #: GPU–NIC pairing: one call-sequence tracker and one cross-resource index for all servers.
+    pairing: PairingService = field(default_factory=PairingService)
 
 
 def device_message(resource: Resource) -> api_pb2.ListAndWatchResponse:
@@ -176,7 +180,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         pool = self._handling.search
         try:
             preferred.check_shape(request, len(resource.devices))
-            requests = await pool.run(preferred.validate_all, resource.graph, request)
+            # Recorded at arrival: the call may end the current group (spec, "Groups").
+            partners = await self._handling.pairing.partners(resource.name)
+            requests = await pool.run(preferred.validate_all, resource.graph, request, partners)
         except AllocationError as e:
             await self._reject(context, "GetPreferredAllocation", str(e))
         resp = api_pb2.PreferredAllocationResponse()
@@ -185,6 +191,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             # The first container request always gets the policy's full budget (see plugin.preferred).
             result = await pool.run(preferred.search, policy, resource.graph, req, deadline if n else None)
             self._metrics.preferred(resource.name, time.perf_counter() - started, result.optimal)
+            if result.pairs and log.isEnabledFor(logging.DEBUG):
+                log.debug("preferred allocation paired", extra={
+                    "resource": resource.name, "ids": ",".join(result.ids), "pairing": result.pairing,
+                    "pairs": ", ".join(f"{d}~{p} {pair_label(w)}" for d, p, w in result.pairs)})
             if not result.optimal:
                 self._handling.limited_log.warning(
                     ("not-optimal", resource.name),
@@ -230,6 +240,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 await self._reject(context, "Allocate", f"{where}: {e}")
             resp.container_responses.append(to_proto(allocation))
             self._metrics.allocated(resource.name, len(ids))
+        # Only an Allocate accepted whole joins a group (why: `plugin.pairing_service`).
+        for creq in request.container_requests:
+            pairs = self._handling.pairing.on_allocate(resource.name, list(creq.devices_ids))
+            self._metrics.paired(resource.name, [p.link for p in pairs])
         return resp
 
     async def PreStartContainer(self, request, context):  # noqa: N802

@@ -10,10 +10,11 @@ Stubs (under plugin/api/):
 - `api_pb2*`: the device plugin API (proto/deviceplugin/v1beta1/api.proto);
 - `pluginregistration/v1/api_pb2*`: the plugin watcher's Registration service;
 - `dra/v1/api_pb2*`, `dra/v1beta1/api_pb2*`: the kubelet's DRA plugin service,
-  the newest version Kubernetes 1.37 offers and the previous one.
+  the newest version Kubernetes 1.37 offers and the previous one;
+- `podresources/v1/api_pb2*`: the kubelet's pod-resources API (List).
 
 The DRA and registration files are compiled with their path under proto/ as
-the .proto file name (`dra/v1/api.proto`), so the three `api.proto` files of
+the .proto file name (`dra/v1/api.proto`), so the `api.proto` files of
 the same name do not collide in protobuf's default descriptor pool.
 
 Usage: python scripts/gen_proto.py [--out DIR]   (default: plugin/api)
@@ -29,7 +30,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 PROTO_DIR = PROTO_ROOT / "deviceplugin" / "v1beta1"
 #: Kubelet APIs compiled with their path under proto/ (and generated into the same sub-directory).
-NESTED_PROTOS = ("pluginregistration/v1/api.proto", "dra/v1/api.proto", "dra/v1beta1/api.proto")
+NESTED_PROTOS = ("pluginregistration/v1/api.proto", "dra/v1/api.proto", "dra/v1beta1/api.proto",
+                 "podresources/v1/api.proto")
 _INIT_TEXT = '"""Generated stubs; regenerate with scripts/gen_proto.py."""\n'
 
 

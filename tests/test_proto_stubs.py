@@ -1,7 +1,8 @@
 """The committed gRPC stubs match the .proto files, and those match the kubelet's wire format.
 
 Covered: the device plugin API (v1beta1), the plugin watcher's registration API
-(pluginregistration) and the kubelet's DRA plugin service (dra v1 and v1beta1, Kubernetes 1.37).
+(pluginregistration), the kubelet's DRA plugin service (dra v1 and v1beta1, Kubernetes 1.37)
+and the kubelet's pod-resources API (podresources v1, Kubernetes 1.37).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def test_committed_stubs_are_up_to_date(tmp_path):
     spec.loader.exec_module(gen)
     fresh_files = gen.generate(tmp_path)
     assert any(f.parent.name == "v1beta1" and f.parent.parent.name == "dra" for f in fresh_files)
+    assert any(f.parent.name == "v1" and f.parent.parent.name == "podresources" for f in fresh_files)
     for fresh in fresh_files:
         committed = ROOT / "plugin" / "api" / fresh.relative_to(tmp_path)
         assert committed.read_text() == fresh.read_text(), (
@@ -129,6 +131,42 @@ def test_dra_api_matches_the_kubelet(version):
     assert svc.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin"
     assert [m.name for m in svc.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
     assert all(not m.client_streaming and not m.server_streaming for m in svc.methods)
+
+
+# k8s.io/kubelet/pkg/apis/podresources/v1/api.proto (1.37): package `v1`.
+_TOPOLOGY = {"topology": (3, False)}
+PODRESOURCES_API = {
+    "AllocatableResourcesRequest": {},
+    "AllocatableResourcesResponse": {"devices": (1, True), "cpu_ids": (2, True), "memory": (3, True)},
+    "ListPodResourcesRequest": {},
+    "ListPodResourcesResponse": {"pod_resources": (1, True)},
+    "PodResources": {"name": (1, False), "namespace": (2, False), "containers": (3, True), "cpu_ids": (4, True),
+                     "memory": (5, True)},
+    "ContainerResources": {"name": (1, False), "devices": (2, True), "cpu_ids": (3, True), "memory": (4, True),
+                           "dynamic_resources": (5, True)},
+    "ContainerMemory": {"memory_type": (1, False), "size": (2, False), **_TOPOLOGY},
+    "ContainerDevices": {"resource_name": (1, False), "device_ids": (2, True), **_TOPOLOGY},
+    "TopologyInfo": {"nodes": (1, True)},
+    "NUMANode": {"ID": (1, False)},
+    "DynamicResource": {"claim_name": (2, False), "claim_namespace": (3, False), "claim_resources": (4, True)},
+    "ClaimResource": {"cdi_devices": (1, True), "driver_name": (2, False), "pool_name": (3, False),
+                      "device_name": (4, False), "share_id": (5, False)},
+    "CDIDevice": {"name": (1, False)},
+    "GetPodResourcesRequest": {"pod_name": (1, False), "pod_namespace": (2, False)},
+    "GetPodResourcesResponse": {"pod_resources": (1, False)},
+}
+
+
+def test_podresources_api_matches_the_kubelet():
+    from plugin.api.podresources.v1 import api_pb2 as pr
+
+    assert pr.DESCRIPTOR.package == "v1"
+    _wire(pr.DESCRIPTOR, PODRESOURCES_API)
+    svc = pr.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    # The method path the daemon calls: /v1.PodResourcesLister/List.
+    assert svc.full_name == "v1.PodResourcesLister"
+    assert [m.name for m in svc.methods] == ["List", "GetAllocatableResources", "Get"]
+    assert svc.methods_by_name["List"].output_type.name == "ListPodResourcesResponse"
 
 
 def test_service_method_paths():

@@ -52,6 +52,10 @@ class SearchPolicy:
         """The objective with partners (see `paired`); None: this policy ignores partners."""
         return None
 
+    def paired_shortcut(self, problem: PairedProblem) -> tuple[int, ...] | None:
+        """The optimum with partners when it is proven without a search (`paired.forced_pairing`), else None."""
+        return None
+
     def allocate(self, graph: DeviceGraph, request: AllocationRequest) -> Allocation:
         started = time.perf_counter()
         request.validate(graph)
@@ -68,6 +72,9 @@ class SearchPolicy:
         if self.time_budget_s is not None and len(p.available) > self.exact_limit:
             deadline = started + self.time_budget_s
         if pp is not None and paired is not None:
+            forced = self.paired_shortcut(pp)
+            if forced is not None:
+                return self._result(p, forced, True, 0, pp)
             found = solve_paired(pp, paired, deadline)
         else:
             found = solve(p, self.objective(p), deadline)

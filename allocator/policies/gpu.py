@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import SearchPolicy
-from .paired import PairedObjective, PairedProblem, gpu_link_first_objective, gpu_numa_first_objective
+from ..scoring import score_idx
+from .paired import (
+    PairedObjective,
+    PairedProblem,
+    forced_pairing,
+    gpu_link_first_objective,
+    gpu_numa_first_objective,
+)
 from .problem import Objective, Problem, link_first_objective, numa_first_objective
 
 
@@ -31,6 +38,9 @@ class NumaFirstPolicy(SearchPolicy):
     def paired_objective(self, problem: PairedProblem) -> PairedObjective:
         return gpu_numa_first_objective(problem)
 
+    def paired_shortcut(self, problem: PairedProblem) -> tuple[int, ...] | None:
+        return _with_largest_score(problem)
+
 
 @dataclass(frozen=True)
 class LinkFirstPolicy(SearchPolicy):
@@ -47,3 +57,20 @@ class LinkFirstPolicy(SearchPolicy):
 
     def paired_objective(self, problem: PairedProblem) -> PairedObjective:
         return gpu_link_first_objective(problem)
+
+    def paired_shortcut(self, problem: PairedProblem) -> tuple[int, ...] | None:
+        return _with_largest_score(problem)
+
+
+def _with_largest_score(pp: PairedProblem) -> tuple[int, ...] | None:
+    """`forced_pairing`'s set when its W(S) is the largest any set of its size can have (the sum of
+    the largest k(k-1)/2 link weights among the available GPUs, reached on NVSwitch nodes): then it
+    is optimal on span and W(S) too, and the only set with the best X among those."""
+    members = forced_pairing(pp)
+    if members is None:
+        return None
+    p = pp.problem
+    w = p.graph.weights
+    k = len(members)
+    pairs = sorted((w[a][b] for n, a in enumerate(p.available) for b in p.available[n + 1:]), reverse=True)
+    return members if score_idx(p.graph, members) == sum(pairs[:k * (k - 1) // 2]) else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import SearchPolicy
-from .paired import PairedObjective, PairedProblem, nic_paired_objective
+from .paired import PairedObjective, PairedProblem, forced_pairing, nic_paired_objective
 from .problem import Objective, Problem, nic_objective
 
 
@@ -31,6 +31,9 @@ class SpreadPolicy(SearchPolicy):
     def paired_objective(self, problem: PairedProblem) -> PairedObjective:
         return nic_paired_objective(problem, spread=True)
 
+    def paired_shortcut(self, problem: PairedProblem) -> tuple[int, ...] | None:
+        return forced_pairing(problem)  # span(S u P), then X: nothing else ranks before X
+
 
 @dataclass(frozen=True)
 class PackedPolicy(SearchPolicy):
@@ -43,3 +46,6 @@ class PackedPolicy(SearchPolicy):
 
     def paired_objective(self, problem: PairedProblem) -> PairedObjective:
         return nic_paired_objective(problem, spread=False)
+
+    def paired_shortcut(self, problem: PairedProblem) -> tuple[int, ...] | None:
+        return forced_pairing(problem)

@@ -209,6 +209,41 @@ def paired_key(pp: PairedProblem, obj: PairedObjective, members: Sequence[int]) 
             + obj.pair_coef * pp.pairing(members))
 
 
+def forced_pairing(pp: PairedProblem) -> tuple[int, ...] | None:
+    """The set that gives every partner its own best device, when it is the only set with the best X
+    and nothing beats it on span; else None.
+
+    When each partner's largest pairing weight is reached by exactly one available device, X(S) =
+    x_cap (each partner matched at its largest weight) holds for a set S only if S holds all those
+    devices; when they are distinct, exactly `size` of them and include must-include, that set C is
+    the only one with the largest X. When moreover span(C u P) = span(M u P), which no valid set
+    can go below, C is the one optimum of every objective that ranks span(S u P), then X (the NIC
+    objectives); the GPU objectives rank W(S) before X, so their policies also check C's W(S)
+    against the largest W any set of `size` can have. Why: on nodes with one PIX NIC per GPU (the
+    case pairing exists for) this answers most requests with partners without a search.
+    """
+    p = pp.problem
+    if not pp.cols:
+        return None
+    rows = pp.rows
+    chosen: set[int] = set()
+    for j in range(pp.cols):
+        top, best = 0, -1
+        for i in p.available:
+            w = rows[i][j]
+            if w > top:
+                top, best = w, i
+            elif w == top and top > 0:
+                best = -1  # a tie: the best device of this partner is not unique
+        if best < 0 or best in chosen:
+            return None
+        chosen.add(best)
+    if len(chosen) != p.size or not chosen.issuperset(p.must):
+        return None
+    members = tuple(sorted(chosen))
+    return members if pp.joint_span(members) == pp.joint_span(p.must) else None
+
+
 def _augmented(pp: PairedProblem, obj: PairedObjective) -> Objective:
     """The base objective with pair_coef * bp(q) added to each device's linear term: what orders the
     search's classes (devices that pair well first); `_PairedBranchAndBound` takes the bp back out."""

@@ -11,7 +11,7 @@ given per resource.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .device_hints import DeviceInfo, ResourceHints, resource_hints
@@ -37,6 +37,9 @@ class ResourceSpec:
     devices: tuple[DeviceInfo, ...]
     #: GetPreferredAllocation; None when the plugin does not offer it.
     preferred: PreferredFn | None = None
+    #: The plugin's Allocate, called with the devices the kubelet chose (None: not observed). Why:
+    #: a plugin that pairs GPUs with NICs learns from this call which container asks next.
+    allocate: Callable[[tuple[str, ...]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,8 @@ class DeviceManagerModel:
             self.allocation_log.append(AllocationRecord(pod.uid, container.name, outcome))
             if not outcome.devices:
                 continue
+            if res is not None and res.spec.allocate is not None:
+                res.spec.allocate(outcome.devices)
             self.allocated.setdefault(resource, set()).update(outcome.devices)
             self.pod_devices.setdefault(pod.uid, {}).setdefault(container.name, {}).setdefault(
                 resource, set()

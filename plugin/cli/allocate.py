@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from allocator.pairing import NO_PARTNERS, PairingIndex, Partners, pair_label
 from allocator.policies import get_policy
 from allocator.policies.family import SharedAllocation
 from allocator.request import Allocation, AllocationError, AllocationRequest
@@ -79,11 +80,44 @@ def check_ids(resource: Resource, ids: Iterable[str], what: str) -> list[str]:
 
 
 def run_policy(resource: Resource, policy_name: str, available: Sequence[str], must_include: Sequence[str],
-               size: int) -> Allocation:
+               size: int, partners: Partners = NO_PARTNERS) -> Allocation:
     """One GetPreferredAllocation as the daemon answers it (raises AllocationError on a bad request)."""
     options = dict(resource.policy_options)
     policy = get_policy(policy_name, **options)
-    return policy.allocate(resource.graph, AllocationRequest.of(available, must_include, size))
+    return policy.allocate(resource.graph, AllocationRequest.of(available, must_include, size, partners))
+
+
+def parse_partners(values: Iterable[str], resources: Sequence[Resource], flag: str = "--with"
+                   ) -> dict[str, list[str]]:
+    """`--with nvidia.com/gpu=0,1` (repeatable): devices of other resources the container already holds."""
+    by_name = {r.name: r for r in resources}
+    out: dict[str, list[str]] = {}
+    for value in values:
+        name, sep, ids = value.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise click.UsageError(f"{flag} {value!r}: expected RESOURCE=IDS, e.g. nvidia.com/gpu=0,1")
+        if name not in by_name:
+            raise click.UsageError(f"{flag} {value!r}: this node serves no resource {name!r} "
+                                   f"(it serves {', '.join(by_name)})")
+        for i in check_ids(by_name[name], parse_ids(ids), flag):
+            if i not in out.setdefault(name, []):
+                out[name].append(i)
+    return out
+
+
+def pairing_index(topology: NodeTopology, resources: Sequence[Resource]) -> PairingIndex:
+    """The daemon's cross-resource weights for these resources."""
+    return PairingIndex.build(topology, {r.name: r.devices for r in resources})
+
+
+def pairs_data(pairs: Iterable[tuple[str, str, int]]) -> list[dict[str, Any]]:
+    """(device, partner, weight) triples as `allocate`/`explain` show them, with the link type."""
+    return [{"device": d, "partner": p, "link": pair_label(w), "weight": w} for d, p, w in pairs]
+
+
+def pairs_text(pairs: Iterable[dict[str, Any]]) -> str:
+    return ", ".join(f"{p['device']} ~ {p['partner']} {p['link']} ({p['weight']})" for p in pairs) or "none"
 
 
 def preferred_callable(resource: Resource, policy_name: str) -> Callable[[list[str], list[str], int], list[str]]:
@@ -107,11 +141,19 @@ _CRITERIA = {
     "spread": (("span", "smaller"), ("ports", "larger"), ("score", "larger"), ("left_score", "larger")),
     "packed": (("span", "smaller"), ("ports", "smaller"), ("score", "larger"), ("left_score", "larger")),
 }
-_LABELS = {"span": "NUMA span", "score": "W(S)", "left_score": "W(A\\S)", "ports": "ports"}
+#: With partners (spec, "pairing GPUs with NICs"): span is span(S u P), X(S, P) joins the criteria.
+_PAIRED_CRITERIA = {
+    "numa-first": (("span", "smaller"), ("score", "larger"), ("pairing", "larger"), ("left_score", "larger")),
+    "link-first": (("score", "larger"), ("span", "smaller"), ("pairing", "larger"), ("left_score", "larger")),
+    "spread": (("span", "smaller"), ("pairing", "larger"), *_CRITERIA["spread"][1:]),
+    "packed": (("span", "smaller"), ("pairing", "larger"), *_CRITERIA["packed"][1:]),
+}
+_LABELS = {"span": "NUMA span", "score": "W(S)", "left_score": "W(A\\S)", "ports": "ports",
+           "pairing": "pairing X(S,P)"}
 
 
 def runner_up(graph: DeviceGraph, policy: str, available: Sequence[str], must_include: Sequence[str],
-              chosen: Sequence[str]) -> dict[str, Any] | None:
+              chosen: Sequence[str], partners: Partners = NO_PARTNERS) -> dict[str, Any] | None:
     """The best other set and the first criterion that separates it from the choice (small inputs only)."""
     if policy not in _CRITERIA or len(available) > RUNNER_UP_LIMIT:
         return None
@@ -125,15 +167,15 @@ def runner_up(graph: DeviceGraph, policy: str, available: Sequence[str], must_in
         s = tuple(must_include) + combo
         if set(s) == chosen_set:
             continue
-        key = rank(graph, policy, available, s)
+        key = rank(graph, policy, available, s, partners)
         if best is None or key < best:
             best, best_set = key, s
     if best_set is None:
         return None
-    a = evaluate(graph, available, chosen)
-    b = evaluate(graph, available, best_set)
+    a = evaluate(graph, available, chosen, partners)
+    b = evaluate(graph, available, best_set, partners)
     reason = ""
-    for field, better in _CRITERIA[policy]:
+    for field, better in (_PAIRED_CRITERIA if partners else _CRITERIA)[policy]:
         va, vb = getattr(a, field), getattr(b, field)
         if va != vb:
             reason = f"{_LABELS[field]} {va} vs {vb} ({better} is better)"
@@ -157,22 +199,30 @@ def runner_up(graph: DeviceGraph, policy: str, available: Sequence[str], must_in
               help="must_include_deviceIDs, comma-separated.")
 @click.option("--resource", "resource_name", default=None, metavar="NAME",
               help="Which resource (default: the GPU resource, else the first one served).")
+@click.option("--with", "with_opt", multiple=True, metavar="RESOURCE=IDS",
+              help="Partners: devices of another resource the container already got, e.g. nvidia.com/gpu=0,1 "
+                   "(repeatable); the answer pairs with them as the daemon's would.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def allocate(settings: Settings, size: int, available_opt: tuple[str, ...], must_opt: tuple[str, ...],
-             resource_name: str | None, fmt: str) -> None:
+             resource_name: str | None, with_opt: tuple[str, ...], fmt: str) -> None:
     """The set GetPreferredAllocation would return, with its NUMA span and scores, and why."""
     topology, resources = load_resources(settings)
     resource = find_resource(resources, resource_name, settings["gpu_resource_name"])
     available = parse_ids(available_opt) or [d.id for d in resource.devices if d.device.healthy]
     check_ids(resource, available, "--available")
     must = check_ids(resource, parse_ids(must_opt), "--must-include")
+    group = parse_partners(with_opt, resources)
+    if resource.name in group:
+        raise click.UsageError(f"--with {resource.name}=...: partners are devices of another resource "
+                               f"than the one asked for ({resource.name})")
+    partners = pairing_index(topology, resources).partners(resource.name, group)
     policy_name = resource.policy  # the daemon's policy for it (--allocation-policy for GPUs)
     try:
-        result = run_policy(resource, policy_name, available, must, size)
+        result = run_policy(resource, policy_name, available, must, size, partners)
     except AllocationError as e:
         raise click.UsageError(f"bad request: {e}") from None
-    ev = evaluate(resource.graph, available, result.ids)
-    other = runner_up(resource.graph, policy_name, available, must, result.ids)
+    ev = evaluate(resource.graph, available, result.ids, partners)
+    other = runner_up(resource.graph, policy_name, available, must, result.ids, partners)
     data: dict[str, Any] = {
         "node": topology.source,
         "resource": resource.name,
@@ -187,6 +237,9 @@ def allocate(settings: Settings, size: int, available_opt: tuple[str, ...], must
         "optimal": result.optimal,
         "explored": result.explored,
         "runner_up": other,
+        "partners": group,
+        "pairing": result.pairing,
+        "pairs": pairs_data(result.pairs),
     }
     if isinstance(result, SharedAllocation):
         data["parents"] = list(result.parents)
@@ -248,6 +301,10 @@ def render_allocate(data: dict[str, Any]) -> str:
     ]
     if data["policy"] in ("spread", "packed"):
         lines.append(f"  ports: {data['ports']}")
+    if data["partners"]:
+        lines.insert(2, "Partners (the container's other devices): "
+                     + "; ".join(f"{r}={','.join(ids)}" for r, ids in data["partners"].items()))
+        lines.append(f"  pairing X(S,P): {data['pairing']}  pairs: {pairs_text(data['pairs'])}")
     lines.append(f"  optimal: {'yes (proven)' if data['optimal'] else 'not proven within the time budget'}")
     other = data.get("runner_up")
     if other and other["tie"]:

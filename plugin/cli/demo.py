@@ -15,9 +15,11 @@ import time
 
 import click
 
+from allocator.pairing import pair_label
 from allocator.topology import DeviceKind
 
 from ..daemon import Daemon, DaemonOptions
+from ..demo.device_manager import StandinDeviceManager, pod
 from ..demo.kubelet_standin import KubeletStandin
 from ..logging_setup import setup_logging
 from ..render import plural
@@ -54,6 +56,7 @@ async def _demo(settings: Settings, hold: float, out) -> int:
                     out(f"  {d.id:<42} {d.health:<9} NUMA {numa}")
             gpu = settings["gpu_resource_name"]
             family = [n for n in names if daemon.servers[n].service.resource.kind in (DeviceKind.GPU, DeviceKind.MIG)]
+            gpu_taken: list[str] = []
             for name in family:
                 ids = list(kubelet.devices(name))
                 for size in (1, 2, 4) if name == gpu else (min(2, len(ids)),):
@@ -66,6 +69,11 @@ async def _demo(settings: Settings, hold: float, out) -> int:
                     + (f", devices {[d.host_path for d in resp.devices]}" if resp.devices else "")
                     + (f", cdi {[c.name for c in resp.cdi_devices]}" if resp.cdi_devices else "")
                     + (f", annotations {dict(resp.annotations)}" if resp.annotations else ""))
+                if name == gpu:
+                    gpu_taken = pick
+            nics = [n for n in names if daemon.servers[n].service.resource.kind is DeviceKind.NIC]
+            if gpu in names and nics:
+                await _paired_pod(daemon, kubelet, gpu, nics[0], gpu_taken, out)
             specs = sorted(os.listdir(cdi_dir)) if os.path.isdir(cdi_dir) else []
             if specs:
                 out(f"\nCDI specs written to {cdi_dir}: {', '.join(specs)}")
@@ -83,6 +91,22 @@ async def _demo(settings: Settings, hold: float, out) -> int:
                 await kubelet.stop()
         out(f"\ndaemon stopped (exit {code}); sockets removed")
         return code
+
+
+async def _paired_pod(daemon: Daemon, kubelet: KubeletStandin, gpu: str, nic: str, taken: list[str],
+                      out) -> None:
+    """Another container, asking GPUs and NICs, walked as the kubelet does (its GPUs first here):
+    its NIC request has its GPUs as partners (GPU–NIC pairing, docs/pairing.md)."""
+    n = min(2, len(kubelet.devices(gpu)) - len(taken), len(kubelet.devices(nic)))
+    if n < 1:
+        return
+    dm = StandinDeviceManager(kubelet, shuffle_resources=False)
+    dm.in_use[gpu] = set(taken)
+    got = (await dm.admit(pod("demo", {gpu: n, nic: n})))["main"]
+    out(f"\nA container asking {n} GPUs and {n} NICs (the kubelet asks for one resource, then the other): "
+        f"{gpu} {', '.join(got[gpu])}, {nic} {', '.join(got[nic])}")
+    pairs = daemon.pairing.index.match(gpu, list(got[gpu]), {nic: got[nic]})
+    out("  pairs: " + (", ".join(f"{d} ~ {p.split('=', 1)[1]} {pair_label(w)}" for d, p, w in pairs) or "none"))
 
 
 @click.command(cls=Command)

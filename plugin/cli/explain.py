@@ -17,7 +17,7 @@ would refuse (an unknown policy option, too many NUMA nodes): exit 2.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import click
@@ -37,8 +37,21 @@ from allocator.topologymanager import (
 )
 from allocator.topologymanager import explain as run_explain
 
+from allocator.topology import DeviceKind, NodeTopology
+
+from ..pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
 from ..resources import Resource
-from .allocate import check_ids, id_hint, load_resources, parse_ids, preferred_callable
+from .allocate import (
+    check_ids,
+    id_hint,
+    load_resources,
+    pairing_index,
+    pairs_data,
+    pairs_text,
+    parse_ids,
+    parse_partners,
+    run_policy,
+)
 from .options import Settings, option, with_settings
 from .routing import Command
 
@@ -102,14 +115,53 @@ def _parse_allocated(values: Sequence[str], resources: Sequence[Resource]) -> di
     return out
 
 
-def _specs(resources: Sequence[Resource]) -> list[ResourceSpec]:
-    specs = []
-    for r in resources:
-        devices = tuple(
-            DeviceInfo(d.id, None if d.numa is None else (d.numa,), d.device.healthy) for d in r.devices
-        )
-        specs.append(ResourceSpec(r.name, devices, preferred_callable(r, r.policy)))
-    return specs
+class PairingTrace:
+    """The daemon's pairing inside the model: the call-sequence tracker and the cross-resource index,
+    and, per GetPreferredAllocation in call order, its partners and the pairs of the answer.
+
+    The model makes the kubelet's calls (GetPreferredAllocation, then Allocate, resource by resource);
+    no time passes in it, so the window only turns pairing on or off. `seed` is `--with`: devices of
+    other resources the container got just before (as if their Allocates came first).
+    """
+
+    def __init__(self, topology: NodeTopology, resources: Sequence[Resource], enabled: bool,
+                 seed: Mapping[str, Sequence[str]]):
+        self.index = pairing_index(topology, resources)
+        self.groups = PairingGroups(DEFAULT_PAIRING_WINDOW_S if enabled else 0.0, clock=lambda: 0.0)
+        self.calls: dict[str, list[dict[str, Any]]] = {}
+        for res, ids in seed.items():
+            self.groups.on_allocate(res, ids)
+
+    def spec(self, r: Resource) -> ResourceSpec:
+        devices = tuple(DeviceInfo(d.id, None if d.numa is None else (d.numa,), d.device.healthy) for d in r.devices)
+
+        def preferred(available: list[str], must_include: list[str], size: int) -> list[str]:
+            group = self.groups.on_get_preferred_allocation(r.name)
+            result = run_policy(r, r.policy, available, must_include, size, self.index.partners(r.name, group))
+            self.calls.setdefault(r.name, []).append(
+                {"partners": {k: list(v) for k, v in group.items()}, "pairing": result.pairing,
+                 "pairs": pairs_data(result.pairs)})
+            return list(result.ids)
+
+        return ResourceSpec(r.name, devices, preferred, lambda ids: self.groups.on_allocate(r.name, ids))
+
+
+def _container_pairs(trace: PairingTrace, resources: Sequence[Resource], allocations: list[dict[str, Any]]
+                     ) -> dict[str, list[dict[str, Any]]]:
+    """Per container, its GPUs matched one to one with its NICs (what the kubelet finally gave it)."""
+    kinds = {r.name: r.kind for r in resources}
+    held: dict[str, dict[str, list[str]]] = {}
+    for a in allocations:
+        if a["devices"]:
+            held.setdefault(a["container"], {}).setdefault(a["resource"], []).extend(a["devices"])
+    out: dict[str, list[dict[str, Any]]] = {}
+    for container, got in held.items():
+        nics = {r: ids for r, ids in got.items() if kinds.get(r) is DeviceKind.NIC}
+        pairs = [p for r, ids in got.items() if kinds.get(r) is DeviceKind.GPU
+                 for p in pairs_data(trace.index.match(r, ids, nics))]
+        if pairs:
+            out[container] = pairs
+    return out
 
 
 def _hint_text(h: TopologyHint) -> str:
@@ -123,15 +175,21 @@ def _hint_dict_text(h: dict[str, Any]) -> str:
     return f"{text} {'preferred' if h['preferred'] else 'not preferred'}"
 
 
-def report_data(result: ExplainResult, resources: Sequence[Resource], source: str) -> dict[str, Any]:
-    """The model's report plus what only the plugin side knows: W(S) of each allocation."""
+def report_data(result: ExplainResult, resources: Sequence[Resource], source: str,
+                trace: PairingTrace | None = None) -> dict[str, Any]:
+    """The model's report plus what only the plugin side knows: W(S) of each allocation, and with a
+    pairing trace each preferred call's partners and pairs and each container's GPU-NIC pairs."""
     data = result.to_dict()
     data["node"] = source
     graphs = {r.name: r.graph for r in resources}
+    calls = {res: iter(c) for res, c in (trace.calls if trace else {}).items()}
     for alloc in data["allocations"]:
         graph = graphs.get(alloc["resource"])
         ids = alloc["devices"]
         alloc["score"] = score(graph, ids) if graph is not None and ids else 0
+        if alloc["preferred_call"] is not None and alloc["resource"] in calls:
+            alloc["preferred_call"].update(next(calls[alloc["resource"]], {}))
+    data["pairs"] = _container_pairs(trace, resources, data["allocations"]) if trace else {}
     return data
 
 
@@ -148,6 +206,8 @@ def render_explain(data: dict[str, Any]) -> str:
         for c in data["pod"]["init_containers"] + data["pod"]["containers"]:
             lines.append(f"  container {c['name']!r}:")
             lines += _allocation_lines(allocs.get(c["name"], []))
+    for container, pairs in data.get("pairs", {}).items():
+        lines.append(f"GPU-NIC pairs of container {container!r}: {pairs_text(pairs)}")
     lines.append("")
     if data["admit"]:
         lines.append("Result: ADMITTED")
@@ -231,6 +291,10 @@ def _allocation_lines(allocs: list[dict[str, Any]]) -> list[str]:
                 f"must_include=[{', '.join(call['must_include'])}], size={call['size']}) "
                 f"-> [{', '.join(call['answer'])}]; kept [{', '.join(call['accepted'])}]"
             )
+            if call.get("partners"):
+                lines.append("        partners (this container's earlier Allocates): "
+                             + "; ".join(f"{r}={','.join(ids)}" for r, ids in call["partners"].items())
+                             + f"; pairing X(S,P) {call['pairing']}: {pairs_text(call['pairs'])}")
         elif a["preferred_skipped"]:
             lines.append(f"      - GetPreferredAllocation not called: {a['preferred_skipped']}")
         if a["devices"]:
@@ -270,11 +334,15 @@ def _case_text(a: dict[str, Any]) -> str:
               help="Device IDs already held by other pods: 0,1,4,5 or RESOURCE=IDS (repeatable).")
 @click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE",
               help="A --topology-manager-policy-options entry, e.g. prefer-closest-numa-nodes=true.")
+@click.option("--with", "with_opt", multiple=True, metavar="RESOURCE=IDS",
+              help="Partners: devices of other resources the first container got just before, e.g. "
+                   "nvidia.com/gpu=0,1 (repeatable). A container's own resources pair by themselves "
+                   "(in the order of --request; the kubelet's order is random).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--fail-on-reject", is_flag=True, help="Exit 1 when the pod would be rejected.")
 def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[str, ...],
             init_requests: tuple[str, ...], allocated: tuple[str, ...], policy_options: tuple[str, ...],
-            fmt: str, fail_on_reject: bool) -> None:
+            with_opt: tuple[str, ...], fmt: str, fail_on_reject: bool) -> None:
     """The kubelet Topology Manager's view of a pod: each provider's hints, the merged
     hint, admit or reject, then the devices the kubelet would end up with."""
     topology, resources = load_resources(settings)
@@ -282,6 +350,8 @@ def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[s
     init_limits = _parse_requests(init_requests, resources, "--init-request")
     in_use = _parse_allocated(allocated, resources)
     options = _parse_options(policy_options)
+    trace = PairingTrace(topology, resources, settings["pairing_window_ms"] > 0,
+                         parse_partners(with_opt, resources))
     pod = Pod(
         uid="explain",
         name="explain",
@@ -293,7 +363,7 @@ def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[s
         result = run_explain(
             numa_nodes=nodes,
             distances=distances,
-            resources=_specs(resources),
+            resources=[trace.spec(r) for r in resources],
             pod=pod,
             policy=tm_policy,
             scope=tm_scope,
@@ -302,7 +372,7 @@ def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[s
         )
     except TopologyManagerError as e:
         raise click.UsageError(f"the kubelet would not start with this Topology Manager configuration: {e}") from None
-    data = report_data(result, resources, topology.source)
+    data = report_data(result, resources, topology.source, trace)
     data["in_use"] = in_use
     if fmt == "json":
         click.echo(json.dumps(data, indent=2))

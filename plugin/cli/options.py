@@ -42,7 +42,7 @@ def _click_type(o: Option) -> Any:
     if o.kind == "choice":
         return click.Choice(list(o.choices))
     if o.kind == "number":
-        return click.FloatRange(min=0, min_open=True)
+        return click.FloatRange(min=0, min_open=not o.zero_ok, max=o.maximum)
     if o.kind == "text" and o.name == "config":
         return click.Path(dir_okay=False)
     return None
@@ -141,6 +141,7 @@ def resource_options(settings: Settings) -> ResourceOptions:
         nic_resource_name=v["nic_resource_name"],
         nic_policy=v["nic_allocation_policy"],
         dev_root=v["dev_root"],
+        pairing_window_s=float(v["pairing_window_ms"]) / 1000.0,
         mig_strategy=v["mig_strategy"],
         time_slicing=settings.config.time_slicing,
     )

@@ -10,6 +10,7 @@ import click
 from ..daemon import Daemon, DaemonOptions
 from ..errors import RuntimeFailure
 from ..logging_setup import setup_logging
+from ..pod_resources import socket_path
 from .options import Settings, make_source, resource_options, resource_reloader, with_settings
 from .routing import Command
 
@@ -26,7 +27,8 @@ def serve(settings: Settings) -> None:
     daemon = Daemon(
         source,
         DaemonOptions(plugin_dir=plugin_dir, metrics_address=v["metrics_address"], config_path=settings.config.path,
-                      cdi_spec_dir=v["cdi_spec_dir"]),
+                      cdi_spec_dir=v["cdi_spec_dir"],
+                      pod_resources_socket=socket_path(v["kubelet_root_dir"]) if v["pod_resources"] else None),
         options,
         reload_resources=resource_reloader(settings),
     )

@@ -60,6 +60,9 @@ class Option:
     command_defaults: Mapping[str, Any] = field(default_factory=dict)
     #: Extra JSON-schema keywords for the config file (patterns, lengths).
     schema_extra: Mapping[str, Any] = field(default_factory=dict)
+    #: For numbers: 0 is allowed (numbers are > 0 otherwise), and the largest value (None: no limit).
+    zero_ok: bool = False
+    maximum: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -97,7 +100,9 @@ class Option:
         elif self.kind == "bool":
             out = {"type": "boolean"}
         elif self.kind == "number":
-            out = {"type": "number", "exclusiveMinimum": 0}
+            out = {"type": "number", ("minimum" if self.zero_ok else "exclusiveMinimum"): 0}
+            if self.maximum is not None:
+                out["maximum"] = self.maximum
         elif self.kind == "address":
             out = {"type": "string", "pattern": "^.*:[0-9]{1,5}$"}
         else:
@@ -120,6 +125,9 @@ OPTIONS: tuple[Option, ...] = (
            choices=("numa-first", "link-first"), live=True),
     Option("time_budget_ms", "Search budget for a preferred allocation above 16 candidates.", kind="number",
            default=20.0, live=True),
+    Option("pairing_window_ms", "GPU-NIC pairing: a GetPreferredAllocation is paired with the Allocates of the "
+           "container's other resources that came at most this long before; 0 turns pairing off.",
+           kind="number", default=1000.0, live=True, zero_ok=True, maximum=60000.0),
     Option("nic_resource_name", "Resource name for NICs when the config defines no NIC pools.",
            default="topo.dev/nic", live=True, schema_extra={"minLength": 3}),
     Option("nic_allocation_policy", "NIC policy when the config defines no NIC pools.", kind="choice",
@@ -152,6 +160,9 @@ OPTIONS: tuple[Option, ...] = (
            chart_managed=True),
     Option("device_plugin_path", "Where kubelet.sock is and our sockets go.", commands=SERVE, chart_managed=True,
            default_text="<kubelet-root-dir>/device-plugins"),
+    Option("pod_resources", "Check pairing partners against the kubelet's pod-resources API (List on "
+           "<kubelet-root-dir>/pod-resources/kubelet.sock); quietly off while the socket is missing.",
+           kind="bool", default=False, commands=SERVE),
     Option("log_level", "Log level.", kind="choice", default="info", choices=LOG_LEVELS,
            commands=frozenset({"serve", "demo"}), command_defaults={"demo": "warning"}),
     Option("log_format", "Log format.", kind="choice", default="text", choices=("text", "json"), commands=SERVE),

@@ -15,6 +15,8 @@ import pathlib
 import random
 from collections.abc import Iterable
 
+from topo_testkit.pairing_oracle import spec_order
+
 from allocator.pairing import pairing_weight
 from allocator.request import AllocationRequest
 from allocator.scoring import left_score_idx, port_count_idx, score_idx
@@ -45,16 +47,7 @@ def paired_criteria(g: DeviceGraph, policy: str, req: AllocationRequest, chosen:
     x = pairing_weight([partners.row(g.ids[i]) for i in s], len(partners))
     w = score_idx(g, s)
     left = left_score_idx(g, a, s)
-    ports = port_count_idx(g, s)
-    if policy == "numa-first":
-        return (span, -w, -x, -left)
-    if policy == "link-first":
-        return (-w, span, -x, -left)
-    if policy == "spread":
-        return (span, -x, -ports, -w, -left)
-    if policy == "packed":
-        return (span, -x, ports, -w, -left)
-    raise ValueError(policy)
+    return spec_order(policy, span, w, x, left, port_count_idx(g, s))
 
 
 def paired_brute_force(g: DeviceGraph, policy: str, req: AllocationRequest) -> tuple[str, ...]:

@@ -529,6 +529,19 @@ def test_custom_kubelet_root_dir(helm, tmp_path):
     assert mounts["device-plugins"]["mountPath"] == f"{root}/device-plugins"
 
 
+def test_pod_resources_socket_is_mounted_read_only_when_the_option_is_on(helm, tmp_path):
+    r = render(helm, tmp_path, {"kubeletRootDir": "/var/lib/k0s/kubelet", "config": {"flags": {"podResources": True}}})
+    config = yaml.safe_load(r.get("ConfigMap")["data"]["config.yaml"])
+    assert config["flags"]["podResources"] is True  # the daemon reads the option from its config file
+    volumes = {v["name"]: v for v in r.pod_spec["volumes"]}
+    mounts = {m["name"]: m for m in r.container["volumeMounts"]}
+    # The daemon dials <kubelet-root-dir>/pod-resources/kubelet.sock: same path inside, read-only.
+    assert volumes["pod-resources"]["hostPath"] == {"path": "/var/lib/k0s/kubelet/pod-resources", "type": "Directory"}
+    assert mounts["pod-resources"] == {"name": "pod-resources", "mountPath": "/var/lib/k0s/kubelet/pod-resources",
+                                       "readOnly": True}
+    assert "--kubelet-root-dir=/var/lib/k0s/kubelet" in r.container["args"]
+
+
 def test_nic_pools(helm, tmp_path):
     r = render(helm, tmp_path, NIC_POOLS)
     config = yaml.safe_load(r.get("ConfigMap")["data"]["config.yaml"])

@@ -88,3 +88,46 @@ def test_unknown_source_exits_2():
     res = CliRunner().invoke(allocate, ["--simulate", "/no/such/node.yaml", "--size", "1"])
     assert res.exit_code == 2
     assert "/no/such/node.yaml" in res.output
+
+
+# -- partners (--with): the answer pairs with the container's other devices ---------------------
+
+H100 = ["--simulate", "dgx-h100", "--device-id-strategy", "index"]
+
+
+def test_with_partners_the_nics_are_the_gpus_pix_nics_and_the_pairs_are_shown():
+    res = run("--resource", "topo.dev/nic", "--size", "2", "--with", "nvidia.com/gpu=2,6", base=H100)
+    assert res.exit_code == 0, res.output
+    assert "Preferred allocation: mlx5_2, mlx5_6" in res.output
+    assert "Partners (the container's other devices): nvidia.com/gpu=2,6" in res.output
+    assert "mlx5_2 ~ nvidia.com/gpu=2 PIX (50), mlx5_6 ~ nvidia.com/gpu=6 PIX (50)" in res.output
+    assert "pairing X(S,P): 100" in res.output
+
+
+def test_partners_change_the_answer_and_the_why_names_the_pairing():
+    """Without partners the NIC pool prefers one NUMA node; the GPUs' PIX NICs win with them."""
+    blind = run_json("--resource", "topo.dev/nic", "--size", "2", base=H100)
+    assert blind["ids"] == ["mlx5_0", "mlx5_1"] and blind["pairing"] == 0 and blind["pairs"] == []
+    data = run_json("--resource", "topo.dev/nic", "--size", "2", "--available", "mlx5_0,mlx5_1,mlx5_2,mlx5_6",
+                    "--with", "nvidia.com/gpu=2", "--with", "nvidia.com/gpu=6", base=H100)
+    assert data["partners"] == {"nvidia.com/gpu": ["2", "6"]}
+    assert data["ids"] == ["mlx5_2", "mlx5_6"] and data["pairing"] == 100
+    assert [(p["device"], p["partner"], p["link"]) for p in data["pairs"]] == [
+        ("mlx5_2", "nvidia.com/gpu=2", "PIX"), ("mlx5_6", "nvidia.com/gpu=6", "PIX")]
+    assert data["runner_up"]["reason"].startswith("pairing X(S,P) 100 vs")
+
+
+def test_gpus_with_nic_partners():
+    data = run_json("--size", "1", "--with", "topo.dev/nic=mlx5_5", base=H100)
+    assert data["ids"] == ["5"] and data["pairs"][0]["link"] == "PIX"
+
+
+@pytest.mark.parametrize("value,message", [
+    ("nvidia.com/gpu", "expected RESOURCE=IDS"),
+    ("example.com/x=1", "serves no resource 'example.com/x'"),
+    ("nvidia.com/gpu=9", "unknown device IDs for nvidia.com/gpu: 9"),
+    ("topo.dev/nic=mlx5_0", "partners are devices of another resource"),
+])
+def test_bad_partners_are_usage_errors(value, message):
+    res = run("--resource", "topo.dev/nic", "--size", "1", "--with", value, base=H100)
+    assert res.exit_code == 2 and message in res.output, res.output

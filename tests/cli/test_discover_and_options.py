@@ -40,6 +40,29 @@ def test_json_yaml_and_dot():
     assert dot.startswith("graph topology {") and '"GPU0" -- "GPU3" [label="NV2"' in dot and "cluster_numa1" in dot
 
 
+def test_discover_shows_each_gpus_closest_nics():
+    r = run("discover", "--simulate", "dgx-a100", "--device-id-strategy", "index")
+    row = next(line for line in r.output.splitlines() if line.split()[:2] == ["2", "GPU2"])
+    assert row.endswith("mlx5_2,mlx5_3 (PXB)")  # the two NICs behind GPU2's PCIe switch pair
+    data = json.loads(run("discover", "--simulate", "dgx-h100", "--format", "json").output)
+    gpu5 = next(d for d in data["devices"] if d["name"] == "GPU5")
+    assert gpu5["closestNics"] == {"link": "PIX", "nics": ["mlx5_5"]}
+    assert all("closestNics" not in d for d in data["devices"] if d["kind"] == "nic")
+    y = yaml.safe_load(run("discover", "--simulate", "dgx-h100", "--format", "yaml").output)
+    assert y["devices"][0]["closestNics"] == {"link": "PIX", "nics": ["mlx5_0"]}
+
+
+
+def test_discover_on_a_node_without_nics_has_no_closest_nics(tmp_path):
+    node = tmp_path / "gpus.yaml"
+    node.write_text("apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\nmetadata: {name: two}\n"
+                    "numa: {nodes: [0]}\ngpus: [{name: GPU0, numa: 0}, {name: GPU1, numa: 0}]\n")
+    r = run("discover", "--simulate", str(node))
+    assert r.exit_code == 0, r.output
+    assert "GPU1" in r.output and "CLOSEST NICS" not in r.output
+    assert "closestNics" not in run("discover", "--simulate", str(node), "--format", "json").output
+
+
 def test_bad_topology_file_exits_2_naming_file_line_and_token(tmp_path):
     bad = tmp_path / "node.txt"
     bad.write_text("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV9x\t0-1\nGPU1\tNV9x\t X \t0-1\n")

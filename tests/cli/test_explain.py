@@ -209,3 +209,34 @@ def test_more_than_max_allowable_numa_nodes_is_the_kubelet_start_error(tmp_path)
     ok = CliRunner().invoke(explain, [*args, "--policy-option", "max-allowable-numa-nodes=9", "--format", "json"])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.output)["admit"] is True
+
+
+# -- GPU-NIC pairing inside the model -----------------------------------------------------------
+
+H100 = ["--simulate", "dgx-h100", "--device-id-strategy", "index"]
+
+
+def test_a_container_asking_gpus_and_nics_gets_them_paired():
+    """The NIC request comes after the container's GPU Allocate: its partners are those GPUs."""
+    args = [*H100, "--policy", "single-numa-node", "--request", "nvidia.com/gpu=2", "--request", "topo.dev/nic=2",
+            "--allocated", "nvidia.com/gpu=0", "--allocated", "topo.dev/nic=mlx5_1"]
+    res = CliRunner().invoke(explain, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "partners (this container's earlier Allocates): nvidia.com/gpu=1,2" in res.output
+    data = json.loads(CliRunner().invoke(explain, [*args, "--format", "json"]).output)
+    gpu, nic = data["allocations"]
+    assert gpu["preferred_call"]["partners"] == {}
+    assert nic["preferred_call"]["partners"] == {"nvidia.com/gpu": gpu["devices"]}
+    # GPU1's PIX NIC is taken: GPU2 gets its PIX NIC, GPU1 the best left on its NUMA node.
+    assert sorted((p["device"], p["link"]) for p in data["pairs"]["main"]) == [("1", "NODE"), ("2", "PIX")]
+
+
+def test_with_seeds_the_partners_and_window_zero_turns_pairing_off():
+    base = [*H100, "--policy", "none", "--request", "topo.dev/nic=1", "--format", "json"]
+    paired = json.loads(CliRunner().invoke(explain, [*base, "--with", "nvidia.com/gpu=6"]).output)
+    (alloc,) = paired["allocations"]
+    assert alloc["devices"] == ["mlx5_6"] and alloc["preferred_call"]["pairs"][0]["link"] == "PIX"
+    off = json.loads(CliRunner().invoke(explain, [*base, "--with", "nvidia.com/gpu=6",
+                                                  "--pairing-window-ms", "0"]).output)
+    (alloc,) = off["allocations"]
+    assert alloc["devices"] != ["mlx5_6"] and alloc["preferred_call"]["partners"] == {}

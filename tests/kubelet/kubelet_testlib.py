@@ -124,14 +124,27 @@ def machine_for(simulate: str) -> dict[str, Any]:
 
 
 def preferred_offline(simulate: str, resource: str, size: int, available: Iterable[str],
-                      must_include: Iterable[str]) -> list[str]:
-    """What `plugin allocate` (offline, same allocator) answers for one GetPreferredAllocation."""
+                      must_include: Iterable[str], partners: dict[str, Sequence[str]] | None = None) -> list[str]:
+    """What `plugin allocate` (offline, same allocator) answers for one GetPreferredAllocation,
+    with the GPU–NIC pairing partners the call had (`--with`)."""
     args = ["allocate", "--simulate", simulate, "--device-id-strategy", "index", "--resource", resource,
             "--size", str(size), "--available", ",".join(available)]
     must = list(must_include)
     if must:
         args += ["--must-include", ",".join(must)]
+    for res, ids in sorted((partners or {}).items()):
+        args += ["--with", f"{res}={','.join(ids)}"]
     return list(cli_json(*args)["ids"])
+
+
+def call_partners(rpcs: list[dict[str, Any]]) -> list[dict[str, tuple[str, ...]]]:
+    """The spec's pairing partners of each tapped GetPreferredAllocation, from the tapped call order
+    (no window: the scenarios run the daemon with a window far longer than any gap between calls)."""
+    from topo_testkit.pairing_oracle import LoggedCall, spec_partners
+
+    calls = [LoggedCall(r["method"], r["resource"], tuple(r["request"][0]) if r["method"] == "Allocate" else ())
+             for r in rpcs if r["method"] in ("GetPreferredAllocation", "Allocate") and not r.get("error")]
+    return spec_partners(calls, None)
 
 
 class HarnessError(AssertionError):
@@ -356,8 +369,13 @@ ADMISSION_PODS = [
 ]
 
 
+#: The pairing window of the admission scenarios: far longer than any gap between calls on a loaded
+#: machine, so a group ends only by the spec's other rule and the partners follow from the call order.
+LONG_PAIRING_WINDOW = ("--pairing-window-ms", "60000")
+
+
 def admission_run(harness, tmp_path, simulate, policy, scope, pods, argv=None):
-    argv = argv or daemon_argv(simulate, plugin_dir=TAP_DIR)
+    argv = argv or daemon_argv(simulate, *LONG_PAIRING_WINDOW, plugin_dir=TAP_DIR)
     disc = discover(simulate)
     steps = [start_kubelet(policy, scope), {"op": "start_tap", "dir": TAP_DIR}, start_plugin(argv),
              *wait_all(disc, timeout=60), *pods, {"op": "snapshot"}]

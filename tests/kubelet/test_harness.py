@@ -20,6 +20,7 @@ from kubelet_testlib import (
     NIC,
     TAP_DIR,
     admission_run,
+    call_partners,
     check_admitted_pod,
     check_affinity,
     check_no_double_assignment,
@@ -111,12 +112,13 @@ def test_admission_uses_our_preferred_allocation(harness, tmp_path, policy, scop
     assert {numa[GPU][d][0] for d in container_devices(p1, GPU)} in ({0}, {1})
 
     # The kubelet asked us whenever it had a choice, and our daemon's answers are the
-    # offline allocator's answers for the same request.
+    # offline allocator's answers for the same request (with the GPU–NIC partners the call had).
     calls = [r for r in run.rpcs if r["method"] == "GetPreferredAllocation"]
     assert calls, "the kubelet never called GetPreferredAllocation"
-    for r in calls:
+    for r, partners in zip(calls, call_partners(run.rpcs), strict=True):
         req = r["request"][0]
-        offline = preferred_offline(simulate, r["resource"], req["size"], req["available"], req["must_include"])
+        offline = preferred_offline(simulate, r["resource"], req["size"], req["available"], req["must_include"],
+                                    partners)
         assert sorted(r["response"][0]) == sorted(offline), r
 
     # Allocate got exactly the devices the kubelet recorded, once per (container, resource).

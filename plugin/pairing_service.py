@@ -1,0 +1,112 @@
+"""GPU–NIC pairing for the servers of one daemon: the partners of each request, the pairs each container got.
+
+Why one object for every server: the spec's groups ("One container, several
+resources: pairing GPUs with NICs", `shared/spec/allocation.md`) span
+resources, and each resource has its own server, so the call-sequence tracker
+(`plugin.pairing_groups`) and the cross-resource weights (`PairingIndex`) must
+be shared by all of them. The daemon rebuilds the index with the resources on
+every topology or config change (never inside an RPC) and sets the window
+on a config reload.
+
+The servers call, in arrival order and before any work goes to a thread:
+- `partners(resource)` when a GetPreferredAllocation arrives: it records the
+  call (a request for a resource already in the group ends the group) and
+  returns the `Partners` every container request of that call is answered
+  with. The kubelet sends one container request per call; a call with several
+  gets the call's partners for each, since the spec defines partners per call.
+- `on_allocate(resource, ids)` for each container request of an `Allocate`
+  the server accepted. A rejected `Allocate` is not recorded: the kubelet
+  fails the pod's admission on an `Allocate` error and gives those devices
+  to no container, so they must not become anyone's partners (and its IDs
+  may not even exist).
+
+Metrics (`topo_dp_pairs_total`, `topo_dp_pair_links_total`): every `Allocate`
+that joins a group holding devices of the other kind completes pairs, the
+best one-to-one GPU–NIC matching between its devices and the group's; each
+pair is counted with its link type. This is what the kubelet really gave the
+container, so an operator sees the benefit on a live node. The groups are
+tracked for these metrics with pairing off too (window 0: grouped with the
+default window, no partners given), so the share of PIX pairs with pairing
+on and off can be compared.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from allocator.pairing import NO_PARTNERS, PairingIndex, Partners, pair_label
+from allocator.topology import NodeTopology
+
+from .pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
+from .pod_resources import PodResourcesReader, drop_stale
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One device of an `Allocate` matched to a device the same container got before."""
+
+    device: str
+    #: `<resource>=<id>` of the other device.
+    partner: str
+    weight: int
+
+    @property
+    def link(self) -> str:
+        return pair_label(self.weight)
+
+
+class PairingService:
+    def __init__(self, window_s: float = DEFAULT_PAIRING_WINDOW_S, clock: Callable[[], float] = time.monotonic,
+                 pod_resources: PodResourcesReader | None = None):
+        self._window_s = 0.0
+        self.groups = PairingGroups(DEFAULT_PAIRING_WINDOW_S, clock)
+        self.index = PairingIndex({}, {})
+        self.pod_resources = pod_resources
+        self.set_window(window_s)
+
+    @property
+    def window_s(self) -> float:
+        return self._window_s
+
+    @property
+    def enabled(self) -> bool:
+        return self._window_s > 0
+
+    def set_window(self, window_s: float) -> None:
+        """The pairing window in seconds; 0 turns pairing off (groups are still tracked for the metrics)."""
+        self.groups.set_window(window_s or DEFAULT_PAIRING_WINDOW_S)
+        self._window_s = float(window_s)
+
+    def rebuild(self, topology: NodeTopology, resources: Mapping[str, Iterable]) -> None:
+        """New cross-resource weights for `resources` (name -> advertised devices), built here, not in an RPC."""
+        self.index = PairingIndex.build(topology, resources)
+
+    async def partners(self, resource: str) -> Partners:
+        """A GetPreferredAllocation for `resource` arrived: record it and return its partners."""
+        group = self.groups.on_get_preferred_allocation(resource)
+        if not group or not self.enabled:
+            return NO_PARTNERS
+        index = self.index  # the one in force when the call arrived
+        if self.pod_resources is not None:
+            try:
+                holdings = await self.pod_resources.holdings()
+            except Exception:  # a bug in the optional check must never fail the kubelet's request
+                log.exception("pod-resources check failed (a bug); partners left as they are")
+                holdings = None
+            if holdings is not None:
+                group = drop_stale(resource, group, holdings)
+        return index.partners(resource, group)
+
+    def on_allocate(self, resource: str, ids: Sequence[str]) -> tuple[Pair, ...]:
+        """An accepted `Allocate` of `ids` for one container: join the group; return the pairs it completes."""
+        before = self.groups.current()
+        self.groups.on_allocate(resource, ids)
+        if resource in before:  # this Allocate starts the next container's group
+            return ()
+        return tuple(Pair(d, p, w) for d, p, w in self.index.match(resource, list(ids), before))
+
