@@ -166,14 +166,14 @@ def _atomic_build(out: pathlib.Path, build, keep_prefix: str) -> pathlib.Path:
 
 
 def _prune(out: pathlib.Path, prefix: str, keep: int = 2) -> None:
-    """Keep the newest `keep` builds named `prefix*` (binaries are ~80 MB each)."""
+    """Keep the newest `keep` builds named `prefix*` (binaries are ~80 MB each; a build may be a directory)."""
     olds = sorted((p for p in out.parent.glob(prefix + "*") if p != out and ".tmp" not in p.name),
                   key=lambda p: p.stat().st_mtime, reverse=True)
     for p in olds[keep - 1:]:
-        try:
-            p.unlink()
-        except OSError:
-            pass
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def download_modules(name: str = "current") -> None:

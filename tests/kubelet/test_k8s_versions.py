@@ -147,3 +147,16 @@ def test_the_code_names_no_other_version():
     named = {f.relative_to(ROOT).as_posix(): sorted({m[0] for m in K8S_RE.finditer(f.read_text())})
              for f in files if f.name != "test_k8s_versions.py"}
     assert not {f: v for f, v in named.items() if v}
+
+
+def test_the_cluster_control_plane_is_built_from_the_current_line():
+    """The local cluster's etcd/apiserver/scheduler/controller-manager come from their own go.mod
+    (tests/e2e/cluster/controlplane): it must pin the same release as the kubelet they run with."""
+    cur = LINES["current"]
+    gomod = ROOT / "tests" / "e2e" / "cluster" / "controlplane" / "go.mod"
+    text = gomod.read_text()
+    assert re.search(rf"^\s*k8s\.io/kubernetes {re.escape(cur.kubernetes)}\b", text, re.M), \
+        f"{gomod} does not require k8s.io/kubernetes {cur.kubernetes}"
+    staging = dict(re.findall(r"^\s*(k8s\.io/[\w.-]+) => k8s\.io/[\w.-]+ (v[\w.+-]+)$", text, re.M))
+    assert staging and all(v == cur.staging for v in staging.values()), \
+        f"{gomod}: staging replaces not at {cur.staging}: {staging}"

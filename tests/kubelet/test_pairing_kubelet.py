@@ -1,4 +1,4 @@
-"""GPU–NIC pairing with the real kubelet device manager (Go harness), on a simulated DGX H100.
+"""GPU–NIC pairing with the real kubelet device manager (Go harness, 1.37 and 1.34), on a simulated DGX H100.
 
 The kubelet's code makes the calls: pods one at a time, per container its
 resources in Go map order (random), GetPreferredAllocation only when it has a
@@ -82,7 +82,8 @@ def pods(seed: int, n: int) -> tuple[list[dict], list[str]]:
 
 
 @pytest.mark.parametrize("policy", ["none", "best-effort"])
-def test_every_answer_is_the_spec_optimum_and_every_gpu_gets_its_pix_nic(harness, tmp_path, policy):
+def test_every_answer_is_the_spec_optimum_and_every_gpu_gets_its_pix_nic(line_harness, tmp_path, policy):
+    harness = line_harness  # 1.37 (current) and 1.34 (race line): both device managers walk the same way
     disc = discover(NODE)
     admits, deleted = pods(seed=7 if policy == "none" else 8, n=40)
     argv = daemon_argv(NODE, *LONG_PAIRING_WINDOW, plugin_dir=TAP_DIR)

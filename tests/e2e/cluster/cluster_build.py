@@ -102,14 +102,13 @@ def controlplane() -> pathlib.Path:
         if missing:
             raise RuntimeError(f"the control-plane build produced no {', '.join(missing)}")
 
-    return kubelet_build._atomic_build(out, build)
+    return kubelet_build._atomic_build(out, build, "controlplane-")
 
 
 def kubelet() -> pathlib.Path:
     """The kubelet the real-kubelet tests build (tests/kubelet/kubelet_build.py), at the control plane's release."""
     version = controlplane_version()
-    line = getattr(kubelet_build, "line", None)
-    built = line("current").kubernetes if line else kubelet_build.K8S_VERSION
+    built = kubelet_build.line("current").kubernetes
     if built != version:
         raise RuntimeError(f"the kubelet is built at {built} (tests/kubelet), the control plane at {version} "
                            f"({CONTROLPLANE_DIR / 'go.mod'}): make them agree")
