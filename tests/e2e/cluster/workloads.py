@@ -55,16 +55,16 @@ time.sleep(10**9)
 class Node:
     """The simulated node the plugin serves, as files the daemon pod and the tests share."""
 
-    node_file: pathlib.Path  # the dgx-a100 node with GPU minor numbers (so Allocate names device nodes)
+    node_file: pathlib.Path  # a built-in node with GPU minor numbers (so Allocate names device nodes)
     dev_root: pathlib.Path  # harmless character devices standing in for /dev/nvidia*
 
     @classmethod
-    def make(cls, w: pathlib.Path) -> Node:
+    def make(cls, w: pathlib.Path, simulate: str = SIMULATE) -> Node:
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         from plugin.sources.simulated import builtin_text
 
-        data = yaml.safe_load(builtin_text(SIMULATE))
+        data = yaml.safe_load(builtin_text(simulate))
         for i, gpu in enumerate(data["gpus"]):
             gpu["minor"] = i
         node_dir = w / "node"
