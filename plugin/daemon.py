@@ -35,6 +35,7 @@ from .pairing_service import PairingService
 from .pod_resources import PodResourcesReader
 from .preferred import DEFAULT_DEADLINE_S
 from .ratelimited_log import RateLimitedLog
+from .signals import LoopSignals
 from .registration import (
     KUBELET_SOCKET,
     PluginDirWatcher,
@@ -173,9 +174,14 @@ class Daemon:
         # behind); SIGHUP, whose default would kill us, reloads the config as a file change does.
         handlers = {signal.SIGTERM: stop.set, signal.SIGINT: stop.set, signal.SIGQUIT: stop.set,
                     signal.SIGHUP: self._on_sighup}
-        if install_signals:
-            for sig, handler in handlers.items():
-                loop.add_signal_handler(sig, handler)
+        signals = LoopSignals(loop, handlers) if install_signals else None
+        try:
+            return await self._serve(loop, stop)
+        finally:
+            if signals is not None:
+                signals.close()
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> int:
         self.topology = await asyncio.to_thread(self.source.load)
         resources = build_resources(self.topology, self.resource_options)
         self.pairing.rebuild(self.topology, {r.name: r.devices for r in resources})
@@ -214,9 +220,6 @@ class Daemon:
         finally:
             await self._shutdown(watcher)
             await asyncio.to_thread(self.cdi.remove_all)  # after the servers: no Allocate names a removed spec
-            if install_signals:
-                for sig in handlers:
-                    loop.remove_signal_handler(sig)
 
     def _new_server(self, r: Resource) -> ResourceServer:
         return ResourceServer(self.options.plugin_dir, r, self.policy_factory, self.metrics, self.handling)
