@@ -172,8 +172,14 @@ class Daemon:
         stop = stop or asyncio.Event()
         # SIGQUIT is a shutdown request like SIGTERM (its default would dump core and leave sockets
         # behind); SIGHUP, whose default would kill us, reloads the config as a file change does.
-        handlers = {signal.SIGTERM: stop.set, signal.SIGINT: stop.set, signal.SIGQUIT: stop.set,
-                    signal.SIGHUP: self._on_sighup}
+        def shut_down(sig: signal.Signals):
+            def handler() -> None:
+                log.info("shutting down", extra={"signal": sig.name})
+                stop.set()
+            return handler
+
+        handlers = {sig: shut_down(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)}
+        handlers[signal.SIGHUP] = self._on_sighup
         signals = LoopSignals(loop, handlers) if install_signals else None
         try:
             return await self._serve(loop, stop)

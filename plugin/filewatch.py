@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from .event_wait import wait_event
+
 log = logging.getLogger(__name__)
 
 Stamp = tuple[int, int, int] | None
@@ -58,11 +60,8 @@ async def watch_file(path: str, on_change: Callable[[], Awaitable[None]], deboun
     last = stamp(path)
     try:
         while True:
-            try:
-                await asyncio.wait_for(changed.wait(), timeout=recheck_s)
-            except asyncio.TimeoutError:
-                if stamp(path) == last:
-                    continue
+            if not await wait_event(changed, recheck_s) and stamp(path) == last:
+                continue
             await asyncio.sleep(debounce_s)  # let a burst of events (write, rename) settle
             changed.clear()
             now = stamp(path)

@@ -32,6 +32,7 @@ from typing import Any
 
 from allocator.topology import NodeTopology
 
+from ..event_wait import wait_event
 from .slices import SliceOptions, build_resource_slices
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,7 @@ class SlicePublisher:
                 log.warning("publishing ResourceSlices failed; retrying",
                             extra={"error": self.last_error, "retry_s": delay, "failures": failures})
             self.passes += 1
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            await wait_event(self._wake, delay)
 
     # -- one pass ------------------------------------------------------------
     async def reconcile(self) -> bool:

@@ -32,6 +32,7 @@ from typing import Any
 
 from allocator.topology import NodeTopology
 
+from ..event_wait import wait_event
 from .base import Publish
 
 log = logging.getLogger(__name__)
@@ -184,13 +185,11 @@ class HotplugWatcher:
         try:
             while True:
                 interval = self.periodic_s if monitor is not None else self.fallback_interval_s
-                try:
-                    if interval:
-                        await asyncio.wait_for(self._kick.wait(), timeout=interval)
-                    else:
-                        await self._kick.wait()
-                except asyncio.TimeoutError:
-                    self._reasons.append("periodic rescan")
+                if interval:
+                    if not await wait_event(self._kick, interval):
+                        self._reasons.append("periodic rescan")
+                else:
+                    await self._kick.wait()
                 await self._debounce()
                 reasons, self._reasons = self._reasons, []
                 await self._rescan(reasons)
@@ -244,9 +243,7 @@ class HotplugWatcher:
             left = self.max_delay_s - (time.monotonic() - start)
             if left <= 0:
                 return
-            try:
-                await asyncio.wait_for(self._kick.wait(), timeout=min(self.debounce_s, left))
-            except asyncio.TimeoutError:
+            if not await wait_event(self._kick, min(self.debounce_s, left)):
                 return
             self._kick.clear()
 
