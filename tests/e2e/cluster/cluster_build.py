@@ -102,7 +102,7 @@ def controlplane() -> pathlib.Path:
         if missing:
             raise RuntimeError(f"the control-plane build produced no {', '.join(missing)}")
 
-    return kubelet_build._atomic_build(out, build)
+    return kubelet_build._atomic_build(out, build, "controlplane-")
 
 
 def kubelet() -> pathlib.Path:

@@ -59,12 +59,12 @@ class Node:
     dev_root: pathlib.Path  # harmless character devices standing in for /dev/nvidia*
 
     @classmethod
-    def make(cls, w: pathlib.Path) -> Node:
+    def make(cls, w: pathlib.Path, simulate: str = SIMULATE) -> Node:
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         from plugin.sources.simulated import builtin_text
 
-        data = yaml.safe_load(builtin_text(SIMULATE))
+        data = yaml.safe_load(builtin_text(simulate))
         for i, gpu in enumerate(data["gpus"]):
             gpu["minor"] = i
         node_dir = w / "node"
