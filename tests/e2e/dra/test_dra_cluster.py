@@ -9,15 +9,16 @@ allocated by kube-scheduler and prepared by us, PIX pairs, an unsatisfiable clai
 and kubelet restarts, and unprepare on deletion.
 
 What a container sees: the kubelet hands our CDI IDs to the runtime (its own DRA checkpoint
-holds them, the CRI request is built from it) and our CDI specs are on disk. Debian's
-containerd 1.6.20 has no CDI support, so the container itself does not get the device
-nodes here; a containerd >= 1.7 with CDI enabled is what is missing for that last step.
+holds them; the CRI request is built from it), and containerd v2 (built here, CDI on; see
+conftest.py) injects what our per-claim CDI spec says: each container gets exactly its
+claim's GPU device nodes (the real NVIDIA numbers, 195:N) and one env entry per device.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 import sys
 import time
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import pytest
 from cluster import NODE, Cluster
 from cluster_fixtures import numa_layout, start_cluster
-from sandbox import NODE_IP, wait_for
+from sandbox import NODE_IP, host_mounts_under, wait_for
 from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
     wait_daemon_ready, workload
 
@@ -195,6 +196,9 @@ def test_driver_registers_with_the_kubelet_and_the_api_server_accepts_its_slices
     # (NotifyRegistrationStatus); its socket is in the kubelet's plugins_registry.
     regs = [p.name for p in kubelet_path(c, "plugins_registry").iterdir() if p.is_socket()]
     assert regs == [f"{DRIVER}-{installed['daemon']['metadata']['uid']}-reg.sock"]
+    # The runtime is containerd v2 with CDI (conftest.py), not Debian's 1.6.20.
+    version = c.sb.sh(c.bins.containerd, "--version").stdout
+    assert " 2." in version, version
     with stage("slices published"):
         slices = wait_for("our ResourceSlices", lambda: our_slices(c) or None, 120)
     node_uid = c.node()["metadata"]["uid"]
@@ -223,9 +227,28 @@ def test_one_gpu_claim_is_allocated_by_the_scheduler_and_prepared_by_us(installe
     nodes = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert nodes == [f"/dev/nvidia{dev.split('-')[1]}"]
     assert "/dev/nvidiactl" in [n["path"] for n in spec["containerEdits"]["deviceNodes"]]
-    rep = wait_for("the container's report", lambda: report_ns(c, "one"), 60)
-    # containerd 1.6.20 ignores CDI devices: the container runs, without the device node.
-    assert f"/dev/nvidia{dev.split('-')[1]}" not in rep["devices"] or containerd_has_cdi(c)
+    check_container_sees(c, "one", [claim])
+
+
+def check_container_sees(c: Cluster, pod: str, claims: list[dict[str, Any]]) -> None:
+    """Through CDI the container got its claims' device nodes (with their numbers) and env, and no other GPU."""
+    rep = wait_for(f"pod {pod}'s report", lambda: report_ns(c, pod), 60)
+    want_nodes: dict[str, list[int]] = {}
+    want_env: list[str] = []
+    for claim in claims:
+        spec = cdi_spec(c, claim["metadata"]["uid"])
+        for edits in [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]:
+            want_nodes.update({n["path"]: [n["major"], n["minor"]] for n in edits.get("deviceNodes", [])})
+            want_env += edits.get("env", [])
+    assert want_env and any(re.fullmatch(r"/dev/nvidia\d+", p) for p in want_nodes) or not any(
+        d.startswith("gpu-") for cl in claims for d in devices(cl))
+    for path, numbers in want_nodes.items():
+        assert rep["devices"].get(path) == numbers, (path, rep["devices"])
+    gpus = {p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)}
+    assert gpus == {p for p in want_nodes if re.fullmatch(r"/dev/nvidia\d+", p)}
+    for e in want_env:
+        k, v = e.split("=", 1)
+        assert rep["env"].get(k) == v, (e, {k: v for k, v in rep["env"].items() if k.startswith("TOPO_DEV")})
 
 
 def report_ns(c: Cluster, name: str) -> dict[str, Any] | None:
@@ -234,11 +257,6 @@ def report_ns(c: Cluster, name: str) -> dict[str, Any] | None:
         if line.startswith(REPORT_MARK):
             return json.loads(line[len(REPORT_MARK):])
     return None
-
-
-def containerd_has_cdi(c: Cluster) -> bool:
-    v = c.sb.sh("containerd", "--version").stdout.split()
-    return bool(v) and not v[2].lstrip("v").startswith(("1.6", "1.5", "1.4"))
 
 
 PCIE_ROOT_PAIRS = {
@@ -269,6 +287,7 @@ def test_gpu_nic_pairs_under_one_pcie_switch_get_pix_pairs(installed):
         _, claims = run_claim_pod(installed, "pairs", {"pairs": "two-gpu-nic-pairs"})
     check_pix_pairs(installed, claims["pairs"])
     check_prepared(c, claims["pairs"])
+    check_container_sees(c, "pairs", [claims["pairs"]])
 
 
 def test_pairs_by_the_standard_pcie_root_attribute_get_pix_pairs_too(installed):
@@ -294,6 +313,7 @@ def test_four_gpus_in_one_nvlink_domain(installed):
     used = set(devices(claims_of(c, get_pod(c, "one"))["gpu"])) | set(devices(claims_of(c, get_pod(c, "pairs"))["pairs"]))
     assert not set(devs) & used, "a device was allocated twice"
     check_prepared(c, claims["gpus"])
+    check_container_sees(c, "four", [claims["gpus"]])
     uid = claims["gpus"]["metadata"]["uid"]
     delete_pod(c, "four")
     wait_for("the claim unprepared", lambda: uid not in prepared(c), 120)
@@ -393,3 +413,14 @@ def test_helm_uninstall_removes_the_drivers_sockets(installed):
         wait_for("the driver's sockets gone", lambda: not [
             p for p in kubelet_path(c, "plugins_registry").iterdir() if p.is_socket()], 120)
     assert not [p for p in kubelet_path(c, "plugins", DRIVER).iterdir() if p.is_socket()]
+
+
+def test_teardown_stops_everything_and_leaves_nothing(installed):
+    c = installed["c"]
+    pids = {n: p.pid for n, p in c.sb.procs.items()}
+    c.down()
+    assert c.sb.leftovers == [], "processes that were not stopped by their PID"
+    assert c.sb.members() == []
+    for name, pid in pids.items():
+        assert not pathlib.Path(f"/proc/{pid}").exists(), f"{name} ({pid}) still runs"
+    assert host_mounts_under(c.w) == []
