@@ -394,6 +394,47 @@ def test_kubelet_restart_keeps_claims_and_registers_the_driver_again(installed):
     assert wait_for("slices back", lambda: _state(c) if _state(c)[2] == before[2] else None, 120) == before
 
 
+def tainted(c: Cluster) -> dict[str, list[str]]:
+    return {d["name"]: [t["key"] for t in d.get("taints", [])] for s in our_slices(c) for d in s["spec"]["devices"]
+            if d.get("taints")}
+
+
+def set_gpu_health(node: Node, unhealthy: set[int]) -> None:
+    """Edit the simulated node the plugin serves (it watches the file): these GPU indexes turn Unhealthy."""
+    import yaml
+    data = yaml.safe_load(node.node_file.read_text())
+    for i, gpu in enumerate(data["gpus"]):
+        if i in unhealthy:
+            gpu["health"] = "Unhealthy"
+        else:
+            gpu.pop("health", None)
+    tmp = node.node_file.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(node.node_file)
+
+
+def test_unhealthy_gpus_are_tainted_in_the_slice_and_the_scheduler_avoids_them(installed):
+    c = installed["c"]
+    one = devices(claims_of(c, get_pod(c, "one"))["gpu"])[0]
+    used = {d for name in ("one", "pairs") for cl in claims_of(c, get_pod(c, name)).values() for d in devices(cl)}
+    free = sorted(f"gpu-{i}" for i in range(8) if f"gpu-{i}" not in used)
+    keep = free[-1]
+    sick = {one, *free[:-1]}  # a GPU in use, and every free one but `keep`
+    with stage("GPUs Unhealthy -> slice tainted"):
+        set_gpu_health(installed["node"], {int(d.split("-")[1]) for d in sick})
+        got = wait_for("the taints in the slice", lambda: tainted(c) if set(tainted(c)) == sick else None, 120)
+    assert all(keys == [f"{DRIVER}/unhealthy"] for keys in got.values()), got
+    _, claims = run_claim_pod(installed, "while-sick", {"gpu": "one-gpu"})
+    assert devices(claims["gpu"]) == [keep]  # the only healthy free GPU
+    assert get_pod(c, "one")["status"]["phase"] == "Running"  # NoSchedule: the pod using it keeps it
+    with stage("GPUs healthy again -> taints gone"):
+        set_gpu_health(installed["node"], set())
+        wait_for("the taints gone", lambda: not tainted(c), 120)
+    uid = claims["gpu"]["metadata"]["uid"]
+    delete_pod(c, "while-sick")
+    wait_for("the claim unprepared", lambda: uid not in prepared(c), 120)
+
+
 def test_deleting_the_pods_unprepares_every_claim_and_leaks_nothing(installed):
     c = installed["c"]
     with stage("all claim pods deleted -> everything unprepared"):
