@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 from cluster import NODE, Cluster
-from cluster_fixtures import numa_layout, start_cluster
-from sandbox import NODE_IP, host_mounts_under, wait_for
+from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
+from sandbox import NODE_IP, wait_for
 from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
     wait_daemon_ready, workload
 
@@ -457,11 +457,4 @@ def test_helm_uninstall_removes_the_drivers_sockets(installed):
 
 
 def test_teardown_stops_everything_and_leaves_nothing(installed):
-    c = installed["c"]
-    pids = {n: p.pid for n, p in c.sb.procs.items()}
-    c.down()
-    assert c.sb.leftovers == [], "processes that were not stopped by their PID"
-    assert c.sb.members() == []
-    for name, pid in pids.items():
-        assert not pathlib.Path(f"/proc/{pid}").exists(), f"{name} ({pid}) still runs"
-    assert host_mounts_under(c.w) == []
+    down_and_check_nothing_left(installed["c"])
