@@ -144,3 +144,20 @@ def test_the_flag_is_named_when_it_is_the_source(tmp_path):
                                  "--dra-resources", "topo.dev/nic,example.com/x"], env={"NODE_NAME": NODE})
     assert r.exit_code == 2, r.output
     assert "--dra-resources: 'example.com/x'" in r.output
+
+
+def test_a_config_reload_never_moves_a_resource_between_the_two_sides(tmp_path, caplog):
+    """draResources needs a restart: a reload keeps the running split (never both ways, not even briefly)."""
+    from plugin.cli.options import resolve, resource_options, resource_reloader
+    from plugin.config.flags import options_for
+
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\nflags: {draResources: [nvidia.com/gpu]}\n")
+    params = {o.dest: o.default_for("serve") for o in options_for("serve")} | {"config_path": str(path)}
+    settings = resolve(params, {}, "serve")
+    assert resource_options(settings).dra_resources == {"nvidia.com/gpu"}
+    path.write_text("version: v1\nflags: {draResources: [topo.dev/nic], logLevel: debug}\n")
+    with caplog.at_level("WARNING"):
+        reloaded = resource_reloader(settings)()
+    assert reloaded.dra_resources == {"nvidia.com/gpu"}
+    assert any("--dra-resources" in getattr(r, "options", "") for r in caplog.records), caplog.text
