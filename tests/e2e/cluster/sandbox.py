@@ -235,6 +235,13 @@ class Sandbox:
             for c in ids:
                 self.ctr("containers", "delete", c, check=False)
         self.stop("containerd")
+        # A shim shuts down by itself once its last container is deleted, a moment later (containerd
+        # 2.x asynchronously): wait for that, generously; one still there after it is a leftover.
+        try:
+            wait_for("containerd's shims to exit", lambda: not [
+                pid for pid in self.members() if "containerd-shim" in _cmdline(pid)], 60)
+        except TimeoutError:
+            pass
 
     # ---- teardown ----
     def members(self) -> list[str]:

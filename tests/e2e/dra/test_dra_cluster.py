@@ -240,8 +240,9 @@ def check_container_sees(c: Cluster, pod: str, claims: list[dict[str, Any]]) -> 
         for edits in [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]:
             want_nodes.update({n["path"]: [n["major"], n["minor"]] for n in edits.get("deviceNodes", [])})
             want_env += edits.get("env", [])
-    assert want_env and any(re.fullmatch(r"/dev/nvidia\d+", p) for p in want_nodes) or not any(
-        d.startswith("gpu-") for cl in claims for d in devices(cl))
+    assert want_env, "every device of a claim carries env"
+    claim_gpus = [d for cl in claims for d in devices(cl) if d.startswith("gpu-")]
+    assert len([p for p in want_nodes if re.fullmatch(r"/dev/nvidia\d+", p)]) == len(claim_gpus)
     for path, numbers in want_nodes.items():
         assert rep["devices"].get(path) == numbers, (path, rep["devices"])
     gpus = {p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)}
@@ -433,6 +434,31 @@ def test_unhealthy_gpus_are_tainted_in_the_slice_and_the_scheduler_avoids_them(i
     uid = claims["gpu"]["metadata"]["uid"]
     delete_pod(c, "while-sick")
     wait_for("the claim unprepared", lambda: uid not in prepared(c), 120)
+
+
+def test_a_removed_nic_leaves_the_slice_and_comes_back(installed):
+    """Hot-plug: the simulated node file loses a NIC no claim holds; the slice follows, both ways."""
+    import yaml
+    c = installed["c"]
+    node = installed["node"]
+    used = {d for name in ("one", "pairs") for cl in claims_of(c, get_pod(c, name)).values() for d in devices(cl)}
+    original = node.node_file.read_text()
+    data = yaml.safe_load(original)
+    names = {device_name(d): d.name for d in installed["topology"].devices}
+    gone = next(n for n in sorted(names, reverse=True) if n.startswith("nic-") and n not in used)
+    data["nics"] = [x for x in data["nics"] if x["name"] != names[gone]]
+    data["links"] = [x for x in data.get("links", []) if names[gone] not in x.get("devices", [])]
+    before = installed["slice_devices"]
+    with stage("NIC removed -> slice updated"):
+        tmp = node.node_file.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+        tmp.replace(node.node_file)
+        wait_for(f"{gone} gone from the slice", lambda: gone not in _state(c)[2], 120)
+    assert _state(c)[2] == [d for d in before if d != gone]
+    with stage("NIC back -> slice updated"):
+        tmp.write_text(original)
+        tmp.replace(node.node_file)
+        wait_for(f"{gone} back in the slice", lambda: _state(c)[2] == before, 120)
 
 
 def test_deleting_the_pods_unprepares_every_claim_and_leaks_nothing(installed):
