@@ -1,6 +1,6 @@
 module topo-device-plugin/tests/e2e/dra/containerd
 
-go 1.26.8
+go 1.23.0
 
 require github.com/containerd/containerd/v2 v2.1.4
 
