@@ -161,3 +161,17 @@ def test_a_config_reload_never_moves_a_resource_between_the_two_sides(tmp_path, 
         reloaded = resource_reloader(settings)()
     assert reloaded.dra_resources == {"nvidia.com/gpu"}
     assert any("--dra-resources" in getattr(r, "options", "") for r in caplog.records), caplog.text
+
+
+def test_no_api_server_access_stops_start_up_with_the_fix_and_leaves_nothing(root, tmp_path):
+    env = pythonpath_env(dict(os.environ, NODE_NAME=NODE))
+    for v in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        env.pop(v, None)
+    kubelet_root, cdi = os.path.join(root, "k"), os.path.join(root, "cdi")
+    proc = subprocess.run([sys.executable, "-m", "plugin", "serve", "--simulate", "dgx-h100", "--kubelet-root-dir",
+                           kubelet_root, "--cdi-spec-dir", cdi, "--dra-resources", "nvidia.com/gpu"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "DRA mode cannot reach the API server" in proc.stderr and "fix:" in proc.stderr, proc.stderr
+    assert not os.path.exists(os.path.join(kubelet_root, "plugins_registry"))
+    assert not os.path.isdir(cdi) or os.listdir(cdi) == []
