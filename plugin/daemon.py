@@ -21,10 +21,12 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from allocator import NodeTopology, Policy
+from allocator.topology import Device
 
 from .cdi.sync import SpecSync
 from .errors import InputError
@@ -47,6 +49,7 @@ from .registration import (
 from .resources import Resource, ResourceOptions, build_resources
 from .search_pool import SearchPool
 from .server import PolicyFactory, RequestHandling, ResourceServer
+from .serving_modes import DraDevices, split
 from .sources.base import TopologySource
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,23 @@ class DaemonOptions:
     search_workers: int = 2
     #: The kubelet's pod-resources socket, to check pairing partners against (None: not read).
     pod_resources_socket: str | None = None
+
+
+class DraSide(Protocol):
+    """The DRA driver as the daemon drives it (`plugin.dra.DraDriver`)."""
+
+    async def start(self, topology: NodeTopology) -> None: ...
+
+    def update(self, topology: NodeTopology) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def ready(self) -> tuple[bool, str]: ...
+
+
+#: Makes the DRA driver for the devices `include` accepts (those of the DRA resources, see
+#: `plugin.serving_modes`); raises `TopoDevicePluginError`s when it cannot (no API access...).
+DraFactory = Callable[[Callable[[Device], bool]], Awaitable[DraSide]]
 
 
 class _Retry:
@@ -121,6 +141,7 @@ class Daemon:
         metrics: Metrics | None = None,
         reload_resources: Callable[[], ResourceOptions] | None = None,
         clock: Callable[[], float] = time.monotonic,  # the pairing window's clock (tests drive it)
+        dra_factory: DraFactory | None = None,
     ):
         self.source = source
         self.options = options
@@ -150,6 +171,10 @@ class Daemon:
         self.health_server: HealthServer | None = None
         self.started = asyncio.Event()
         self.cdi = SpecSync(options.cdi_spec_dir)
+        self.dra_factory = dra_factory
+        #: The DRA driver, when some resource is served through DRA; it runs in this same loop.
+        self.dra: DraSide | None = None
+        self.dra_devices = DraDevices()
 
     @property
     def kubelet_socket(self) -> str:
@@ -157,6 +182,12 @@ class Daemon:
 
     def ready(self) -> tuple[bool, str]:
         missing = [n for n, s in self.servers.items() if s.registered_with is None]
+        if self.dra is not None:
+            dra_ok, dra_why = self.dra.ready()
+            if not dra_ok:
+                return False, dra_why
+            if not self.servers:
+                return True, dra_why
         if not self.servers:
             # Nothing to register is a steady state (a node without matching devices), not a failure:
             # an unready pod would block the DaemonSet's rolling update.
@@ -189,12 +220,20 @@ class Daemon:
 
     async def _serve(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> int:
         self.topology = await asyncio.to_thread(self.source.load)
-        resources = build_resources(self.topology, self.resource_options)
+        resources, dra_resources = split(build_resources(self.topology, self.resource_options),
+                                         self.resource_options.dra_resources)
         self.pairing.rebuild(self.topology, {r.name: r.devices for r in resources})
         log.info("topology discovered", extra={"source": self.source.description,
                                                "devices": len(self.topology.devices),
-                                               "resources": ", ".join(r.name for r in resources) or "none"})
+                                               "resources": ", ".join(r.name for r in resources) or "none",
+                                               "dra_resources": ", ".join(r.name for r in dra_resources) or "none"})
         await asyncio.to_thread(self.cdi.sync, resources)  # specs before any device is advertised
+        if self.resource_options.dra_resources:
+            try:
+                await self._start_dra(dra_resources)
+            except BaseException:
+                await asyncio.to_thread(self.cdi.remove_all)
+                raise
         os.makedirs(self.options.plugin_dir, mode=0o750, exist_ok=True)
         self._warn_if_world_writable()
         watcher = PluginDirWatcher(self.options.plugin_dir, loop, self._on_kubelet_socket, self._on_socket_removed)
@@ -225,7 +264,18 @@ class Daemon:
             return 0
         finally:
             await self._shutdown(watcher)
+            if self.dra is not None:
+                await self.dra.stop()
             await asyncio.to_thread(self.cdi.remove_all)  # after the servers: no Allocate names a removed spec
+
+    async def _start_dra(self, dra_resources: list[Resource]) -> None:
+        if self.dra_factory is None:
+            raise InputError(f"{', '.join(sorted(self.resource_options.dra_resources))}: DRA mode is only served "
+                             "by `topo-device-plugin serve` (fix: remove draResources for this command)")
+        assert self.topology is not None
+        self.dra_devices.set(dra_resources)
+        self.dra = await self.dra_factory(self.dra_devices.include)
+        await self.dra.start(self.topology)
 
     def _new_server(self, r: Resource) -> ResourceServer:
         return ResourceServer(self.options.plugin_dir, r, self.policy_factory, self.metrics, self.handling)
@@ -297,7 +347,8 @@ class Daemon:
 
     async def _apply_topology(self, topology: NodeTopology) -> None:
         try:
-            resources = build_resources(topology, self.resource_options)
+            resources, dra_resources = split(build_resources(topology, self.resource_options),
+                                             self.resource_options.dra_resources)
         except InputError as e:
             log.warning("new topology ignored", extra={"reason": str(e)})
             return
@@ -306,6 +357,9 @@ class Daemon:
             return
         self.topology = topology
         self.metrics.topology_updates.inc()
+        if self.dra is not None:
+            self.dra_devices.set(dra_resources)
+            self.dra.update(topology)
         await asyncio.to_thread(self.cdi.sync, resources, False)
         wanted = {r.name: r for r in resources}
         # Before the servers see the new resources, so no request meets IDs the index lacks.

@@ -114,6 +114,8 @@ class ResourceOptions:
     mig_strategy: str = "none"
     #: NVIDIA's `sharing.timeSlicing` (None: nothing is shared).
     time_slicing: TimeSlicing | None = None
+    #: Resources served through DRA instead of the device-plugin API (checked by `plugin.serving_modes`).
+    dra_resources: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.device_id_strategy not in ID_STRATEGIES:

@@ -77,6 +77,21 @@ prepare() {
   build "build kubelet (current)" kubelet
   build "e2e images" images
   cluster_prepare
+  dra_prepare
+}
+
+# ---- DRA e2e (tests/e2e/dra): containerd v2 and its runc shim, built from their Go module --------
+# Debian's containerd 1.6.20 cannot inject CDI devices. Exit 3: no Go toolchain (skip, except in CI).
+dra_prepare() {
+  local program
+  for program in containerd containerd-shim; do
+    stage_start "dra: $program v2"
+    local rc=0
+    bash scripts/go_build_cached.sh "tests/e2e/dra/$program" "$program-v2" >/dev/null || rc=$?
+    stage_end
+    if [ "$rc" = 3 ] && [ "${TOPO_DP_REQUIRE_KUBELET_E2E:-}" != 1 ]; then return 0; fi
+    [ "$rc" = 0 ] || exit "$rc"
+  done
 }
 
 # ---- local cluster e2e (tests/e2e/cluster) and the built image (tests/image) --------------------

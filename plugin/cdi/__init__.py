@@ -5,7 +5,7 @@ No gRPC and no daemon state here: `builders.spec_for_resource` turns a served
 directory in step, and `builders.names_for` gives Allocate its CDI names.
 """
 
-from .builders import CdiOptions, gpu_spec, mig_spec, names_for, nic_spec, spec_for, spec_for_resource
+from .builders import CdiOptions, claim_spec, gpu_spec, mig_spec, names_for, nic_spec, spec_for, spec_for_resource
 from .spec import CDI_VERSION, DEFAULT_SPEC_DIR, CdiDevice, CdiError, CdiSpec, DeviceNode, Edits, kind_for_resource
 from .writer import CdiSpecWriter, CdiWriteError, SyncResult
 
@@ -21,6 +21,7 @@ __all__ = [
     "DeviceNode",
     "Edits",
     "SyncResult",
+    "claim_spec",
     "gpu_spec",
     "kind_for_resource",
     "mig_spec",

@@ -180,6 +180,29 @@ def nic_spec(kind: str, members: Sequence[Member], options: CdiOptions) -> CdiSp
     return CdiSpec(kind, _devices(entries))
 
 
+def claim_spec(kind: str, devices: Sequence[Member], options: CdiOptions,
+               env: Sequence[Sequence[str]] = ()) -> CdiSpec:
+    """The spec of one DRA claim: one CDI device per (slice device name, device), named as in the slice.
+
+    Device edits are what the device-plugin side injects for the same device (a GPU's
+    `/dev/nvidia<minor>`, a NIC's RDMA/vfio/uio nodes) plus `env[i]` of device i, so that a device
+    with no node to inject (a plain netdev) still tells the container it is there; the spec-wide
+    edits are the GPU control nodes when the claim has a GPU.
+    """
+    r = options.resolver
+    out = []
+    for i, (name, d) in enumerate(devices):
+        nodes: list[DeviceNode | None]
+        if d.kind is DeviceKind.GPU:
+            nodes = [r.node(f"/dev/nvidia{d.minor if d.minor is not None else d.index}")]
+        else:
+            nodes = list(nic_nodes(d, r))
+        out.append(CdiDevice(device_name(name), Edits(tuple(n for n in nodes if n is not None),
+                                                      tuple(env[i]) if i < len(env) else ())))
+    gpus = any(d.kind is DeviceKind.GPU for _, d in devices)
+    return CdiSpec(kind, tuple(out), _control_edits(r, options.gpu_env) if gpus else Edits())
+
+
 def spec_for(resource_name: str, kind: DeviceKind, members: Sequence[Member], options: CdiOptions) -> CdiSpec | None:
     """The CDI spec of a resource's (ID, device) members, or None when it has nothing to inject."""
     cdi_kind = kind_for_resource(resource_name, options.vendor_prefix)

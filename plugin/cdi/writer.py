@@ -59,12 +59,18 @@ class CdiSpecWriter:
         except FileNotFoundError:
             return []
 
-    def write(self, spec: CdiSpec) -> bool:
-        """Write `spec` atomically; False (and nothing touched) when the file already holds it."""
-        if not spec.file_name.startswith(self.prefix):
-            raise ValueError(f"spec kind {spec.kind!r} is not ours (vendor must start with {self.prefix!r})")
+    def write(self, spec: CdiSpec, file_name: str | None = None) -> bool:
+        """Write `spec` atomically; False (and nothing touched) when the file already holds it.
+
+        `file_name`: for several files of one kind (the DRA side's one spec per claim, the CDI
+        library's "transient" specs); it must be ours too. Default: `spec.file_name`.
+        """
+        file_name = file_name or spec.file_name
+        if not file_name.startswith(self.prefix) or not file_name.endswith((".json", ".yaml")) or "/" in file_name:
+            raise ValueError(f"spec file {file_name!r} is not ours (its name must start with {self.prefix!r} and "
+                             "end in .json)")
         text = spec.to_json()
-        target = os.path.join(self.directory, spec.file_name)
+        target = os.path.join(self.directory, file_name)
         try:
             with open(target, encoding="utf-8") as f:
                 if f.read() == text:
@@ -75,7 +81,7 @@ class CdiSpecWriter:
             raise CdiWriteError(f"cannot read CDI spec {target}: {e.strerror or e}") from e
         try:
             os.makedirs(self.directory, mode=0o755, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{spec.file_name}.", suffix=".tmp", dir=self.directory)
+            fd, tmp = tempfile.mkstemp(prefix=f".{file_name}.", suffix=".tmp", dir=self.directory)
         except OSError as e:
             raise CdiWriteError(f"cannot create a CDI spec in {self.directory}: {e.strerror or e}") from e
         try:
@@ -117,6 +123,14 @@ class CdiSpecWriter:
         for n in files:
             self._remove(n)
         return files
+
+    def remove(self, file_name: str) -> bool:
+        """Remove one file of ours; False when it was not there (removing is idempotent)."""
+        if not self._ours(file_name) or "/" in file_name:
+            raise ValueError(f"spec file {file_name!r} is not ours")
+        present = os.path.exists(os.path.join(self.directory, file_name))
+        self._remove(file_name)
+        return present
 
     def _remove(self, name: str) -> None:
         path = os.path.join(self.directory, name)

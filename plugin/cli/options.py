@@ -13,17 +13,18 @@ import functools
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
 from ..config import Config, load_config
-from ..config.flags import Option, options_for, restart_needed
+from ..config.flags import BY_DEST, Option, options_for, restart_needed
 from ..gpu_allocate import GpuAllocateOptions
 from ..nic_pools import NicPool, parse_pools
 from ..resources import ResourceOptions
+from ..serving_modes import check_modes
 from ..sources.base import TopologySource
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,9 @@ def resolve(params: dict[str, Any], sources: dict[str, ParameterSource | None], 
     for o in options_for(command):
         if o.key in config.flags and sources.get(o.dest) in (ParameterSource.DEFAULT, None):
             values[o.dest] = config.flags[o.key]
-    if isinstance(values.get("device_list_strategy"), str):
-        values["device_list_strategy"] = [s.strip() for s in values["device_list_strategy"].split(",") if s.strip()]
+    for o in options_for(command):
+        if o.kind in ("choice-list", "list") and isinstance(values.get(o.dest), str):
+            values[o.dest] = [s.strip() for s in values[o.dest].split(",") if s.strip()]
     return Settings(values, config, command, dict(params), dict(sources))
 
 
@@ -124,7 +126,7 @@ def _nic_pools(settings: Settings) -> tuple[NicPool, ...]:
 def resource_options(settings: Settings) -> ResourceOptions:
     """What the resource layer needs; raises `InputError`s (`OptionError`, `NicPoolError`) for bad values."""
     v = settings.values
-    return ResourceOptions(
+    options = ResourceOptions(
         device_id_strategy=v["device_id_strategy"],
         gpu_resource_name=v["gpu_resource_name"],
         gpu_policy=v["allocation_policy"],
@@ -145,6 +147,23 @@ def resource_options(settings: Settings) -> ResourceOptions:
         mig_strategy=v["mig_strategy"],
         time_slicing=settings.config.time_slicing,
     )
+    dra = list(v.get("dra_resources") or [])
+    if not dra:
+        return options
+    return replace(options, dra_resources=check_modes(options, dra, option_source(settings, "dra_resources")))
+
+
+def option_source(settings: Settings, dest: str) -> str:
+    """Where an option's value came from, as an error message names it: flag, variable or file and field."""
+    o = BY_DEST[dest]
+    source = settings.sources.get(dest)
+    if source is ParameterSource.COMMANDLINE:
+        return o.flag
+    if source is ParameterSource.ENVIRONMENT:
+        return o.env
+    if o.key in settings.config.flags:
+        return f"{settings.config.path}: field flags.{o.key}"
+    return o.flag
 
 
 def resource_reloader(settings: Settings) -> Callable[[], ResourceOptions]:
@@ -157,6 +176,8 @@ def resource_reloader(settings: Settings) -> Callable[[], ResourceOptions]:
     def reload() -> ResourceOptions:
         fresh = resolve(settings.params, settings.sources, settings.command)
         options = resource_options(fresh)
+        # Which side serves a resource only changes with a restart: never both at once, not even briefly.
+        options = replace(options, dra_resources=resource_options(settings).dra_resources)
         stale = restart_needed(settings.values, fresh.values)
         if fresh.config.gpu_health != settings.config.gpu_health:
             stale.append("gpus.health")

@@ -4,15 +4,51 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 
 import click
 
-from ..daemon import Daemon, DaemonOptions
-from ..errors import RuntimeFailure
+from allocator.topology import Device
+
+from ..daemon import Daemon, DaemonOptions, DraFactory, DraSide
+from ..errors import InputError, RuntimeFailure
 from ..logging_setup import setup_logging
 from ..pod_resources import socket_path
-from .options import Settings, make_source, resource_options, resource_reloader, with_settings
+from .options import Settings, make_source, option_source, resource_options, resource_reloader, with_settings
 from .routing import Command
+
+
+def dra_factory(settings: Settings) -> DraFactory:
+    """How `serve` makes its DRA driver: the node from NODE_NAME, this instance from POD_UID (the chart sets
+    both from the downward API), the API server through the pod's service account, or the file KUBECONFIG
+    names when run outside a pod."""
+    v = settings.values
+    node = os.environ.get("NODE_NAME", "")
+    if not node:
+        raise InputError(f"{option_source(settings, 'dra_resources')}: DRA mode needs the node's name in NODE_NAME "
+                         "(fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; the chart does)")
+
+    async def make(include: Callable[[Device], bool]) -> DraSide:
+        from ..dra import DraDriver, DraOptions, SliceOptions
+        from ..dra.kubeapi import KubeConfigError, in_cluster_api, kubeconfig_api
+
+        try:
+            slices = SliceOptions(node_name=node, include=include)
+        except ValueError as e:
+            raise InputError(f"NODE_NAME: {e} (fix: set it from fieldRef spec.nodeName)") from None
+        try:
+            if os.environ.get("KUBERNETES_SERVICE_HOST") or not os.environ.get("KUBECONFIG"):
+                api = await in_cluster_api()
+            else:
+                api = await kubeconfig_api(os.environ["KUBECONFIG"])
+        except KubeConfigError as e:
+            raise RuntimeFailure(f"DRA mode cannot reach the API server: {e} (fix: run in a pod with a service "
+                                 "account token, or set KUBECONFIG)") from None
+        return DraDriver(DraOptions(slices, kubelet_root=v["kubelet_root_dir"], cdi_root=v["cdi_spec_dir"],
+                                    instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"]),
+                         api, owns_api=True)
+
+    return make
 
 
 @click.command(cls=Command)
@@ -31,6 +67,7 @@ def serve(settings: Settings) -> None:
                       pod_resources_socket=socket_path(v["kubelet_root_dir"]) if v["pod_resources"] else None),
         options,
         reload_resources=resource_reloader(settings),
+        dra_factory=dra_factory(settings) if options.dra_resources else None,
     )
     try:
         code = asyncio.run(daemon.run())

@@ -31,7 +31,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 MIG_STRATEGIES = ("none", "single", "mixed")
 
 #: Option kinds and the JSON schema each stands for in the config file.
-KINDS = ("text", "choice", "choice-list", "number", "bool", "address")
+#: `list`: names, as a list in the config file or comma-separated on the command line / environment.
+KINDS = ("text", "choice", "choice-list", "list", "number", "bool", "address")
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,14 @@ class Option:
         elif self.kind == "choice-list":
             one = {"enum": list(self.choices)}
             out = {"oneOf": [one, {"type": "array", "minItems": 1, "uniqueItems": True, "items": one}]}
+        elif self.kind == "list":
+            # `schema_extra["pattern"]` is one name's; the string form is a comma list of them.
+            item = {"type": "string", "minLength": 1, **self.schema_extra}
+            text = dict(item)
+            if "pattern" in item:
+                one = item["pattern"].removeprefix("^").removesuffix("$")
+                text["pattern"] = f"^{one}(,{one})*$"
+            return {"oneOf": [text, {"type": "array", "uniqueItems": True, "items": item}], "description": self.help}
         elif self.kind == "bool":
             out = {"type": "boolean"}
         elif self.kind == "number":
@@ -148,6 +157,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("cdi_class", "CDI class of the names with --cdi-specs external.", default="gpu", live=True),
     Option("cdi_annotation_prefix", "Key prefix of the cdi-annotations strategy's annotations.",
            default="cdi.k8s.io/", live=True, schema_extra={"pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/$"}),
+    Option("dra_resources", "Resources served through Dynamic Resource Allocation (driver topo.dev, ResourceSlices and "
+           "ResourceClaims) instead of the device-plugin API: the GPU resource name and/or NIC pool names, comma "
+           "separated. Each device is served one way only (docs/dra.md).", kind="list", commands=SERVE,
+           chart_managed=True, metavar="NAMES", default_text="none (every resource through the device-plugin API)",
+           schema_extra={"pattern": "^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"}),
     Option("sysfs_root", "Where sysfs is mounted (real hardware).", default="/sys"),
     Option("dev_root", "Where device nodes are (real hardware).", default="/dev"),
     Option("proc_root", "Where procfs is mounted (default route check, MIG capability device minors).",

@@ -1,9 +1,9 @@
-"""CDI spec files for prepared claims: the interface the DRA side needs, and a minimal writer.
+"""CDI spec files for prepared claims: the interface the DRA side needs, and the writer behind it.
 
-Why an interface: the CDI spec builder and atomic writer of the sharing work
-(plugin/cdi/) is written separately; the DRA driver only needs two calls, so
-it depends on this protocol and ships a small writer of its own that can be
-swapped for that one without touching the driver:
+The specs are built and written by the product's one CDI layer (`plugin.cdi`):
+`claim_spec` gives each device the same device nodes the device-plugin side
+would inject for it, and `CdiSpecWriter` writes atomically (temporary file,
+fsync, rename, directory fsync). Two calls are all the driver needs:
 
 - `write_claim_spec(claim_uid, devices)` writes (or atomically replaces) one
   spec file for the claim and returns, per device and in the same order, the
@@ -12,24 +12,28 @@ swapped for that one without touching the driver:
 - `remove_claim_spec(claim_uid)` removes it; removing one that is not there
   is not an error (unprepare must be idempotent).
 
-One spec per claim (not per device) because containerd resolves CDI names
-when the container starts: a claim's devices appear and disappear together,
-and device names carry the claim UID so two claims never share a name.
+One spec per claim (not per device), named as the CDI library names
+"transient" specs (`<vendor>-<class>_<claim UID>.json`), because a claim's
+devices appear and disappear together; device names carry the claim UID
+(`<uid>-gpu-0`), so two claims never define the same name within the kind
+`<driver>/claim`. The device-plugin side's own specs (`topo-dp.*`) are never
+touched, nor are these touched by it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import logging
 import os
 import re
-import tempfile
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from allocator.topology import Device, DeviceKind
 
-CDI_VERSION = "0.6.0"
+from ..cdi import CdiOptions, CdiSpecWriter, claim_spec
+
+log = logging.getLogger(__name__)
+
 _ENV_BAD = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -41,64 +45,43 @@ class ClaimCdi(Protocol):
     def remove_claim_spec(self, claim_uid: str) -> None: ...
 
 
-def _gpu_edits(d: Device) -> dict[str, Any]:
-    nodes = [f"/dev/nvidia{d.minor}"] if d.minor is not None else []
-    nodes += ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-    return {
-        "env": [f"TOPO_DEV_GPU_{d.index}_UUID={d.uuid or d.name}"],
-        "deviceNodes": [{"path": p} for p in nodes],
-    }
+def device_env(name: str, d: Device) -> list[str]:
+    """What a container learns about each of its claim's devices (GPU UUID, NIC PCI address and netdev)."""
+    key = _ENV_BAD.sub("_", name).upper()
+    if d.kind is DeviceKind.GPU:
+        return [f"TOPO_DEV_{key}={d.uuid or d.name}"]
+    env = [f"TOPO_DEV_{key}={d.pci_bus_id or d.name}"]
+    if d.attributes.get("netdev"):
+        env.append(f"TOPO_DEV_{key}_NETDEV={d.attributes['netdev']}")
+    return env
 
 
-def _nic_edits(d: Device) -> dict[str, Any]:
-    a = d.attributes
-    nodes = [p for p in a.get("rdma_char_devices", "").split(",") if p]
-    if a.get("vfio_device"):
-        nodes += ["/dev/vfio/vfio", a["vfio_device"]]
-    edits: dict[str, Any] = {"env": [f"TOPO_DEV_NIC_{_ENV_BAD.sub('_', d.name).upper()}={d.pci_bus_id or d.name}"]}
-    if nodes:
-        edits["deviceNodes"] = [{"path": p} for p in dict.fromkeys(nodes)]
-    return edits
+class ClaimSpecs:
+    """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.cdi`."""
 
+    def __init__(self, cdi_root: str, driver: str = "topo.dev", options: CdiOptions | None = None):
+        self.kind = f"{driver}/claim"
+        self._prefix = f"{driver}-claim_"
+        # The writer only accepts names starting with "<its prefix>.": the driver's first label.
+        self.writer = CdiSpecWriter(cdi_root, vendor_prefix=driver.split(".", 1)[0])
+        self.options = options or CdiOptions(spec_dir=cdi_root)
 
-class MinimalClaimCdiWriter:
-    """Writes `<cdi_root>/<vendor>-claim_<uid>.json` with kind `<vendor>/claim`.
-
-    Device edits are the device nodes and one informative env variable per
-    device; the full builder of plugin/cdi/ (mounts, hooks, MIG) replaces this.
-    """
-
-    def __init__(self, cdi_root: str, vendor: str = "topo.dev", cdi_class: str = "claim"):
-        self.cdi_root = cdi_root
-        self.kind = f"{vendor}/{cdi_class}"
-        self._prefix = f"{vendor}-{cdi_class}_"
+    def file_name(self, claim_uid: str) -> str:
+        return f"{self._prefix}{claim_uid}.json"
 
     def spec_path(self, claim_uid: str) -> str:
-        return os.path.join(self.cdi_root, f"{self._prefix}{claim_uid}.json")
+        return os.path.join(self.writer.directory, self.file_name(claim_uid))
 
     def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]]) -> list[list[str]]:
-        entries, ids = [], []
-        for name, d in devices:
-            cdi_name = f"{claim_uid}-{name}"
-            entries.append({"name": cdi_name, "containerEdits": _gpu_edits(d) if d.kind == DeviceKind.GPU
-                            else _nic_edits(d)})
-            ids.append([f"{self.kind}={cdi_name}"])
-        spec = {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": entries}
-        os.makedirs(self.cdi_root, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=self.cdi_root)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(spec, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.spec_path(claim_uid))
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        return ids
+        named = [(f"{claim_uid}-{name}", d) for name, d in devices]
+        spec = claim_spec(self.kind, named, self.options, [device_env(name, d) for name, d in devices])
+        self.writer.write(spec, self.file_name(claim_uid))
+        return [[spec.qualified(n)] for n, _ in named]
 
     def remove_claim_spec(self, claim_uid: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.spec_path(claim_uid))
+        self.writer.remove(self.file_name(claim_uid))
+
+    def claim_uids(self) -> list[str]:
+        """Claims that have a spec file here (to find specs no checkpoint entry owns)."""
+        return [n[len(self._prefix):-len(".json")] for n in self.writer.owned_files()
+                if n.startswith(self._prefix) and n.endswith(".json")]

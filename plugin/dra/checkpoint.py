@@ -28,11 +28,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from ..errors import InputError
+
 FORMAT_VERSION = 1
 T = TypeVar("T")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(InputError):
     """The checkpoint file cannot be trusted; the message names it and the fix."""
 
 

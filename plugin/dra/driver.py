@@ -35,7 +35,8 @@ import grpc
 from allocator.topology import NodeTopology
 
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from .cdi import ClaimCdi, MinimalClaimCdiWriter
+from ..cdi import CdiOptions
+from .cdi import ClaimCdi, ClaimSpecs
 from .checkpoint import ClaimCheckpoint
 from .paths import DraPaths, new_instance_id
 from .prepare import ClaimPreparer
@@ -59,6 +60,8 @@ class DraOptions:
     instance_id: str | None = None
     #: Seconds between checks that the published slices are still there and current.
     resync_s: float = 60.0
+    #: Where this process sees the host's /dev (device numbers for the CDI specs; `--dev-root`).
+    dev_root: str = "/dev"
 
     @property
     def driver_name(self) -> str:
@@ -80,13 +83,16 @@ async def _serve(path: str, add: Any) -> grpc.aio.Server:
 
 
 class DraDriver:
-    def __init__(self, options: DraOptions, api: Any, cdi: ClaimCdi | None = None):
+    def __init__(self, options: DraOptions, api: Any, cdi: ClaimCdi | None = None, owns_api: bool = False):
         self.options = options
         self.api = api
         self.paths = DraPaths(os.path.abspath(options.kubelet_root), options.driver_name,
                               options.instance_id or new_instance_id())
         self.checkpoint = ClaimCheckpoint(self.paths.checkpoint, self.paths.lock, options.driver_name)
-        self.cdi = cdi or MinimalClaimCdiWriter(options.cdi_root, vendor=options.driver_name)
+        self.cdi = cdi or ClaimSpecs(options.cdi_root, options.driver_name,
+                                     CdiOptions(spec_dir=options.cdi_root, dev_root=options.dev_root))
+        #: Close the API client on stop (the daemon hands the driver a client of its own).
+        self.owns_api = owns_api
         self.publisher = SlicePublisher(api, options.slices, resync_s=options.resync_s)
         self.registration = RegistrationService(options.driver_name, self.paths.service_socket, self._on_registered)
         self._topology: NodeTopology | None = None
@@ -109,6 +115,8 @@ class DraDriver:
         self._topology = topology
         self.paths.make_dirs()
         claims = self.checkpoint.check()
+        for uid in await self.checkpoint.update(self._remove_orphan_specs):
+            log.info("removed the CDI spec of a claim no checkpoint entry owns", extra={"claim_uid": uid})
         for path in self.paths.remove_stale_sockets():
             log.info("removed a stale socket of an earlier instance", extra={"socket": path})
         preparer = ClaimPreparer(options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi,
@@ -120,6 +128,24 @@ class DraDriver:
         log.info("DRA driver serving", extra={"driver": self.options.driver_name, "prepared_claims": claims,
                                               "registration": self.paths.registration_socket,
                                               "endpoint": self.paths.service_socket})
+
+    def _remove_orphan_specs(self, claims: dict[str, Any]) -> list[str]:
+        """Specs left by a crash between writing a claim's spec and recording it (under the checkpoint lock,
+        so a prepare of another instance is never caught half-way)."""
+        uids = getattr(self.cdi, "claim_uids", lambda: [])()
+        orphans = [u for u in uids if u not in claims]
+        for u in orphans:
+            self.cdi.remove_claim_spec(u)
+        return orphans
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready once the kubelet confirmed the registration (NotifyRegistrationStatus)."""
+        status = self.registration.status
+        if status is None:
+            return False, f"DRA driver {self.options.driver_name}: not registered with the kubelet yet"
+        if not status[0]:
+            return False, f"DRA driver {self.options.driver_name}: the kubelet refused it: {status[1]}"
+        return True, f"DRA driver {self.options.driver_name} registered"
 
     def update(self, topology: NodeTopology) -> None:
         """A new topology: prepare answers from it at once, the slices follow."""
@@ -138,3 +164,5 @@ class DraDriver:
             await service.stop(grace)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.paths.service_socket)
+        if self.owns_api:
+            await self.api.close()

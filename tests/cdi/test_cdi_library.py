@@ -168,3 +168,36 @@ def test_a_one_character_class_crashes_the_library_so_we_never_write_one(cdi_val
     with pytest.raises(CdiError):
         CdiSpec("topo-dp.example.com/x", (CdiDevice("GPU-1", Edits((DeviceNode("/dev/null", major=1, minor=3),))),))
     assert kind_for_resource("example.com/x") == "topo-dp.example.com/r-x"
+
+
+def test_dra_claim_specs_pass_the_cdi_library_beside_the_device_plugin_specs(cdi_validator, tmp_path) -> None:
+    """The DRA side's one-spec-per-claim files (plugin.dra.cdi, written through plugin.cdi) load in one
+    directory with the device-plugin side's specs, and the IDs prepare returns inject the claim's devices."""
+    from allocator.topology import DeviceKind
+    from plugin.dra.cdi import ClaimSpecs
+    from plugin.dra.slices import SliceOptions, device_table
+    from plugin.sources.simulated.source import SimulatedSource
+
+    topology = SimulatedSource("dgx-h100").load()
+    table = device_table(topology, SliceOptions(node_name="node-a"))
+    gpus = sorted(n for n, d in table.items() if d.kind is DeviceKind.GPU)
+    nics = sorted(n for n, d in table.items() if d.kind is DeviceKind.NIC)
+    CdiSpecWriter(str(tmp_path)).sync(s for s in (spec_for_resource(r, OPTS) for r in resources_of("dgx-h100"))
+                                      if s is not None)
+    claims = ClaimSpecs(str(tmp_path), "topo.dev")
+    pair = [(n, table[n]) for n in (gpus[0], nics[0])]
+    ids_a = claims.write_claim_spec("0b7c6a5e-1111-4c3a-9d1e-aaaaaaaaaaaa", pair)
+    ids_b = claims.write_claim_spec("0b7c6a5e-2222-4c3a-9d1e-bbbbbbbbbbbb", [(gpus[1], table[gpus[1]])])
+    v = cdi_validator.run(tmp_path, [[i for ids in ids_a for i in ids], ids_b[0]])
+    assert v.ok, json.dumps(v.report, indent=1)
+    assert not v.report["cacheErrors"]
+    a, b = v.report["injections"]
+    assert a["error"] is None and not a["unresolved"] and b["error"] is None and not b["unresolved"]
+    gpu_minor = table[gpus[0]].minor if table[gpus[0]].minor is not None else table[gpus[0]].index
+    assert f"/dev/nvidia{gpu_minor}" in {n["path"] for n in a["deviceNodes"]}
+    assert "/dev/nvidiactl" in {n["path"] for n in a["deviceNodes"]}
+    assert any(e.startswith(f"TOPO_DEV_{nics[0].replace('-', '_').upper()}=") for e in a["env"])
+    assert not any(e.startswith(f"TOPO_DEV_{gpus[0].replace('-', '_').upper()}=") for e in b["env"])
+    claims.remove_claim_spec("0b7c6a5e-1111-4c3a-9d1e-aaaaaaaaaaaa")
+    claims.remove_claim_spec("0b7c6a5e-1111-4c3a-9d1e-aaaaaaaaaaaa")  # idempotent
+    assert claims.claim_uids() == ["0b7c6a5e-2222-4c3a-9d1e-bbbbbbbbbbbb"]

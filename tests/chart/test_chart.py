@@ -189,8 +189,14 @@ SHARING_CDI = {
     },
 }
 
+DRA = {
+    "dra": {"resources": ["nvidia.com/gpu", "topo.dev/nic"], "exampleClaimTemplates": True},
+    "config": {"flags": {"deviceListStrategy": "envvar"}},
+}
+
 VALUE_SETS = {
     "default": {},
+    "dra": DRA,
     "sharing-cdi": SHARING_CDI,
     "nic-pools": NIC_POOLS,
     "custom-kubelet-root": CUSTOM_KUBELET,
@@ -198,6 +204,9 @@ VALUE_SETS = {
     "kind-simulated": KIND_SIMULATED,
     "extras": EXTRAS,
 }
+
+
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass"}
 
 
 # ---- lint and strict decode of every value set ------------------------------------------------
@@ -218,8 +227,10 @@ def test_every_object_decodes_strictly(helm, decoder, tmp_path, name):
     decoded = [json.loads(line) for line in proc.stdout.splitlines()]
     assert sorted(d["kind"] for d in decoded) == rendered.kinds()
     for d in decoded:
-        if d["kind"] != "Namespace":
+        if d["kind"] not in CLUSTER_SCOPED:
             assert d["namespace"] == NAMESPACE, d
+        else:
+            assert not d.get("namespace"), d
 
 
 # ---- the decoder really is strict ----------------------------------------------------------------
@@ -436,7 +447,7 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     daemon = json.loads(_daemon_python("import json; from plugin.config import schema; print(json.dumps(schema()))").stdout)
     chart = json.loads((CHART / "values.schema.json").read_text())
     chart_config = chart["properties"]["config"]["properties"]
-    chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress", "cdiSpecDir"}
+    chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress", "cdiSpecDir", "draResources"}
     # NVIDIA's own keys are for NVIDIA config files brought along unchanged, not for chart values.
     nvidia_only = set(json.loads(_daemon_python(
         "import json; from plugin.config.nvidia import FLAG_PROPERTIES as F; print(json.dumps(list(F)))").stdout))
@@ -659,6 +670,11 @@ BAD_VALUES = [
     ("--set-json", 'config.gpus.health.ignoredXids=["13"]', "/config/gpus/health/ignoredXids/0"),
     ("--set", "securityContext.runAsUser=-1", "/securityContext/runAsUser"),
     ("--set", "nameOverride=Bad_Name", "/nameOverride"),
+    ("--set", "dra.resources=nvidia.com/gpu", "/dra/resources"),  # a list, not a string
+    ("--set-json", 'dra.resources=["nvidia.com/gpu","nvidia.com/gpu"]', "/dra/resources"),
+    ("--set-json", 'dra.resources=["Bad Name"]', "/dra/resources/0"),
+    ("--set", "dra.driverName=x.dev", "driverName"),  # fixed in the daemon
+    ("--set", "config.flags.draResources=nvidia.com/gpu", "draResources"),  # the chart owns this flag
 ]
 
 
@@ -758,3 +774,80 @@ def test_chart_app_version_matches_the_package():
     pyproject = (ROOT / "pyproject.toml").read_text()
     version = re.search(r'^version\s*=\s*"([^"]+)"', pyproject, re.M).group(1)
     assert chart["appVersion"] == version
+
+
+# ---- DRA ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dra(helm, tmp_path_factory) -> Rendered:
+    return render(helm, tmp_path_factory.mktemp("dra"), DRA)
+
+
+def _by_name(r: Rendered, kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in r.objects if o["kind"] == kind}
+
+
+def test_dra_objects(dra):
+    assert dra.kinds() == sorted(["ConfigMap", "DaemonSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                                  "DeviceClass", "DeviceClass", "ResourceClaimTemplate", "ResourceClaimTemplate",
+                                  "ResourceClaimTemplate"])
+    assert set(_by_name(dra, "DeviceClass")) == {"gpu.topo.dev", "nic.topo.dev"}
+    assert set(_by_name(dra, "ResourceClaimTemplate")) == {"one-gpu", "two-gpu-nic-pairs", "four-gpu-nvlink"}
+
+
+def test_dra_daemon_gets_its_option_identity_token_and_kubelet_directories(dra):
+    c, spec = dra.container, dra.pod_spec
+    assert "--dra-resources=nvidia.com/gpu,topo.dev/nic" in c["args"]
+    assert spec["automountServiceAccountToken"] is True
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    for name, path in {"plugins-registry": "/var/lib/kubelet/plugins_registry",
+                       "plugins": "/var/lib/kubelet/plugins", "cdi": "/var/run/cdi"}.items():
+        assert volumes[name] == mounts[name] == path, name
+
+
+def test_dra_rbac_is_what_the_driver_calls(dra):
+    """The API calls of plugin/dra/kubeapi.py, and nothing more."""
+    role = dra.get("ClusterRole")
+    rules = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert rules == {("", "nodes"): {"get"}, ("resource.k8s.io", "resourceclaims"): {"get"},
+                     ("resource.k8s.io", "resourceslices"): {"get", "list", "watch", "create", "update", "delete"}}
+    binding = dra.get("ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": dra.get("ServiceAccount")["metadata"]["name"],
+                                    "namespace": NAMESPACE}]
+
+
+def test_dra_device_classes_select_our_driver_and_kind(dra):
+    for name, dc in _by_name(dra, "DeviceClass").items():
+        kind = name.split(".")[0]
+        expr = dc["spec"]["selectors"][0]["cel"]["expression"]
+        assert expr == f'device.driver == "topo.dev" && device.attributes["topo.dev"].type == "{kind}"'
+
+
+def test_dra_example_claims_ask_for_pairs_and_nvlink(dra):
+    t = {n: o["spec"]["spec"]["devices"] for n, o in _by_name(dra, "ResourceClaimTemplate").items()}
+    assert t["one-gpu"]["requests"] == [{"name": "gpu", "exactly": {"deviceClassName": "gpu.topo.dev"}}]
+    pairs = t["two-gpu-nic-pairs"]
+    assert [(r["name"], r["exactly"]["deviceClassName"]) for r in pairs["requests"]] == [
+        ("gpu-a", "gpu.topo.dev"), ("nic-a", "nic.topo.dev"), ("gpu-b", "gpu.topo.dev"), ("nic-b", "nic.topo.dev")]
+    assert {"requests": ["gpu-a", "nic-a"], "matchAttribute": "topo.dev/pcieSwitch"} in pairs["constraints"]
+    assert {"requests": ["gpu-b", "nic-b"], "matchAttribute": "topo.dev/pcieSwitch"} in pairs["constraints"]
+    four = t["four-gpu-nvlink"]
+    assert four["requests"][0]["exactly"]["count"] == 4
+    assert four["constraints"] == [{"requests": ["gpus"], "matchAttribute": "topo.dev/nvlinkDomain"}]
+
+
+def test_dra_off_by_default(default):
+    assert not any(o["kind"] in ("ClusterRole", "DeviceClass", "ResourceClaimTemplate") for o in default.objects)
+    assert not any(a.startswith("--dra-resources") for a in default.container["args"])
+
+
+def test_dra_without_example_templates(helm, tmp_path):
+    r = render(helm, tmp_path, {"dra": {"resources": ["nvidia.com/gpu"], "deviceClasses": False}})
+    assert not any(o["kind"] in ("DeviceClass", "ResourceClaimTemplate") for o in r.objects)
+    assert r.get("ClusterRole")

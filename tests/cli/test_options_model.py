@@ -66,6 +66,8 @@ def test_config_schema_flags_are_the_declared_options():
             assert props[o.key]["enum"] == list(o.choices)
         elif o.kind == "choice-list":
             assert props[o.key]["oneOf"][0]["enum"] == list(o.choices)
+        elif o.kind == "list":
+            assert [f["type"] for f in props[o.key]["oneOf"]] == ["string", "array"], o.key
         else:
             assert props[o.key]["type"] == JSON_TYPE[o.kind], o.key
 
@@ -79,7 +81,7 @@ def test_chart_values_schema_agrees_with_the_declarations():
         spec = props[key]
         if o.kind == "choice":
             assert spec["enum"] == list(o.choices), key
-        elif o.kind == "choice-list":
+        elif o.kind in ("choice-list", "list"):
             assert "oneOf" in spec, key
         else:
             assert spec["type"] == JSON_TYPE[o.kind], key

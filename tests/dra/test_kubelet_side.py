@@ -22,7 +22,7 @@ import pytest
 
 from kubelet_standin import KUBELET_137_SERVICES, register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
-from plugin.dra.cdi import MinimalClaimCdiWriter
+from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.checkpoint import CheckpointError
 
 NODE = "node-a"
@@ -30,9 +30,9 @@ DRIVER = "topo.dev"
 KUBELETS = {"v1": KUBELET_137_SERVICES, "v1beta1": ("v1beta1.DRAPlugin",)}
 
 
-class CountingCdi(MinimalClaimCdiWriter):
+class CountingCdi(ClaimSpecs):
     def __init__(self, root: str):
-        super().__init__(root, vendor=DRIVER)
+        super().__init__(root, DRIVER)
         self.writes: list[str] = []
 
     def write_claim_spec(self, claim_uid, devices):

@@ -146,3 +146,13 @@ capabilities:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end }}
+
+{{/* "true" when some resource is served through DRA (dra.resources not empty). */}}
+{{- define "topo-device-plugin.draEnabled" -}}
+{{- if .Values.dra.resources }}true{{ end }}
+{{- end }}
+
+{{/* The DRA driver's name: fixed in the daemon (plugin/dra/slices.py SliceOptions.driver_name). */}}
+{{- define "topo-device-plugin.draDriver" -}}
+topo.dev
+{{- end }}

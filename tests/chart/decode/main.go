@@ -3,7 +3,7 @@
 //	helm template ... | chart-decode            # or: chart-decode FILE...
 //
 // Every YAML document must be an object of a kind this program knows (core/v1, apps/v1,
-// rbac/v1, policy/v1, scheduling/v1, networking/v1, batch/v1, and the Prometheus
+// rbac/v1, policy/v1, scheduling/v1, networking/v1, batch/v1, resource.k8s.io/v1, and the Prometheus
 // operator's monitoring.coreos.com/v1). Each one is decoded the way the API server
 // decodes a strict request:
 //
@@ -39,6 +39,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -65,7 +66,7 @@ func newScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		corev1.AddToScheme, appsv1.AddToScheme, rbacv1.AddToScheme, policyv1.AddToScheme,
-		schedulingv1.AddToScheme, networkingv1.AddToScheme, batchv1.AddToScheme,
+		schedulingv1.AddToScheme, networkingv1.AddToScheme, batchv1.AddToScheme, resourcev1.AddToScheme,
 		monitoringv1.AddToScheme,
 	} {
 		if err := add(s); err != nil {

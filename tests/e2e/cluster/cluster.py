@@ -40,6 +40,9 @@ class Binaries:
     cni_bin: pathlib.Path
     pause_archive: pathlib.Path
     pause_image: str
+    #: The containerd to run: Debian's (no CDI), or a built one with CDI on (`cdi` True).
+    containerd: str = "containerd"
+    cdi: bool = False
 
     def __getitem__(self, name: str) -> str:
         return str(self.controlplane / name)
@@ -134,7 +137,8 @@ class Cluster:
         numa_sysfs(self.w / "numa-sysfs", numa, distances)
         self.sb.sh("mount", "--bind", str(self.w / "numa-sysfs"), "/sys/devices/system/node")
         self.certificates()
-        self.sb.start_containerd(self.bins.cni_bin, self.bins.pause_image)
+        self.sb.start_containerd(self.bins.cni_bin, self.bins.pause_image, self.bins.containerd,
+                                 cdi_dirs=["/var/run/cdi"] if self.bins.cdi else [])
         for archive in (self.bins.pause_archive, *images):
             self.sb.import_image(archive)
         self.start_etcd()

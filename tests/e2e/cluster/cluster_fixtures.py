@@ -88,6 +88,17 @@ def start_cluster(tmp_path_factory, inputs: dict[str, Any], numa: dict[int, list
         assert not left, f"mounts left on the host under {w}: {left}"
 
 
+def down_and_check_nothing_left(c: Cluster) -> None:
+    """Tear the cluster down and assert that every process stopped by its PID and no mount is left."""
+    pids = {n: p.pid for n, p in c.sb.procs.items()}
+    c.down()
+    assert c.sb.leftovers == [], "processes that were not stopped by their PID"
+    assert c.sb.members() == []
+    for name, pid in pids.items():
+        assert not os.path.exists(f"/proc/{pid}"), f"{name} ({pid}) still runs"
+    assert host_mounts_under(c.w) == []
+
+
 def numa_layout(node_numa: list[int]) -> dict[int, list[int]]:
     """Split this machine's CPUs over the simulated node's NUMA nodes, in order."""
     cpus = list(range(os.cpu_count() or 1))

@@ -189,7 +189,9 @@ class Sandbox:
     def containerd_sock(self) -> str:
         return str(self.w / "containerd" / "containerd.sock")
 
-    def start_containerd(self, cni_bin: pathlib.Path, pause_image: str) -> None:
+    def start_containerd(self, cni_bin: pathlib.Path, pause_image: str, binary: str = "containerd",
+                         cdi_dirs: Sequence[str] = ()) -> None:
+        """containerd (Debian's, or `binary`); `cdi_dirs`: enable CDI in its CRI plugin (containerd >= 1.7)."""
         d = self.w / "containerd"
         d.mkdir(exist_ok=True)
         (d / "cni-bin").symlink_to(cni_bin)
@@ -202,9 +204,16 @@ class Sandbox:
                                   "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.w / "cni-ipam")}}],
         }, indent=1))
         cfg = d / "config.toml"
-        cfg.write_text(CONTAINERD_CONFIG.format(root=d / "root", state=d / "state", sock=self.containerd_sock,
-                                                pause=pause_image, w=d))
-        self.spawn("containerd", ["containerd", "--config", str(cfg)])
+        text = CONTAINERD_CONFIG.format(root=d / "root", state=d / "state", sock=self.containerd_sock,
+                                        pause=pause_image, w=d)
+        if cdi_dirs:
+            anchor = "  restrict_oom_score_adj = true\n"
+            assert anchor in text
+            text = text.replace(anchor, anchor + f"  enable_cdi = true\n  cdi_spec_dirs = {json.dumps(list(cdi_dirs))}\n")
+        cfg.write_text(text)
+        # A containerd of our own finds its own runc shim first (containerd looks shims up in PATH).
+        path = {"PATH": f"{os.path.dirname(binary)}:{os.environ.get('PATH', '')}"} if os.sep in binary else None
+        self.spawn("containerd", [binary, "--config", str(cfg)], env=path)
         wait_for("containerd's socket", lambda: self.ctr("version", check=False).returncode == 0, 60)
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -226,6 +235,13 @@ class Sandbox:
             for c in ids:
                 self.ctr("containers", "delete", c, check=False)
         self.stop("containerd")
+        # A shim shuts down by itself once its last container is deleted, a moment later (containerd
+        # 2.x asynchronously): wait for that, generously; one still there after it is a leftover.
+        try:
+            wait_for("containerd's shims to exit", lambda: not [
+                pid for pid in self.members() if "containerd-shim" in _cmdline(pid)], 60)
+        except TimeoutError:
+            pass
 
     # ---- teardown ----
     def members(self) -> list[str]:

@@ -10,14 +10,13 @@ character devices. The tests run in file order; each asserts one stage of the st
 from __future__ import annotations
 
 import os
-import pathlib
 import signal
 
 import pytest
 from cluster import NODE
-from cluster_fixtures import numa_layout, start_cluster
+from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from kubelet_testlib import discover
-from sandbox import host_mounts_under, wait_for
+from sandbox import wait_for
 from workloads import (
     GPU,
     NAMESPACE,
@@ -245,14 +244,7 @@ def test_helm_uninstall_removes_the_sockets_and_allocatable_drops_to_zero(worklo
 
 
 def test_teardown_stops_everything_and_leaves_nothing(workloads_running):
-    c = workloads_running["c"]
-    pids = {n: p.pid for n, p in c.sb.procs.items()}
-    c.down()
-    assert c.sb.leftovers == [], "processes that were not stopped by their PID"
-    assert c.sb.members() == []
-    for name, pid in pids.items():
-        assert not pathlib.Path(f"/proc/{pid}").exists(), f"{name} ({pid}) still runs"
-    assert host_mounts_under(c.w) == []
+    down_and_check_nothing_left(workloads_running["c"])
     before = workloads_running["host_kubelet_before"]
     after = sorted(os.listdir("/var/lib/kubelet")) if os.path.isdir("/var/lib/kubelet") else None
     assert after == before, "the host's /var/lib/kubelet changed"
