@@ -251,8 +251,10 @@ def container_devices(c: dict[str, Any], resource: str) -> set[str]:
     return set((c.get("devices") or {}).get(resource) or {})
 
 
-def check_admitted_pod(step: dict[str, Any], resource_of_env: dict[str, str] | None = None) -> list[str]:
-    """An admitted pod's containers got exactly their limits, and the runtime options name them."""
+def check_admitted_pod(step: dict[str, Any], resource_of_env: dict[str, str] | None = None,
+                       env_ids: Callable[[set[str]], set[str]] = lambda ids: ids) -> list[str]:
+    """An admitted pod's containers got exactly their limits, and the runtime options name them
+    (`env_ids`: the IDs the env names for the assigned ones, e.g. each replica's GPU, once)."""
     v: list[str] = []
     resource_of_env = resource_of_env or {"NVIDIA_VISIBLE_DEVICES": GPU}
     for c in step["containers"]:
@@ -266,7 +268,7 @@ def check_admitted_pod(step: dict[str, Any], resource_of_env: dict[str, str] | N
         for env, res in resource_of_env.items():
             if res in c["limits"]:
                 listed = set(filter(None, envs.get(env, "").split(",")))
-                if listed != container_devices(c, res):
+                if listed != env_ids(container_devices(c, res)):
                     v.append(f"{step['pod']}/{c['name']}: {env}={envs.get(env)!r} but the kubelet assigned "
                              f"{sorted(container_devices(c, res))}")
     return v
