@@ -1,17 +1,16 @@
 """Hostile config and node files at start-up: a clean exit 2 naming the file and the problem, in bounded memory.
 
-Each command runs as a real child process; its peak RSS comes from the kernel
-(`wait4`), so the bound is what a container memory limit would see. The bound
+Each command runs as a real child process; its peak RSS is the kernel's high-water mark of
+its own memory (`VmHWM`), so the bound is what a container memory limit would see. The bound
 is the chart's limit (128 MiB); the daemon itself needs about 50.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
-import resource
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from topo_testkit.hostile_yaml import CHART_MEMORY_LIMIT_KIB, billion_laughs, config_with, nested, node_with
@@ -19,18 +18,33 @@ from topo_testkit.hostile_yaml import CHART_MEMORY_LIMIT_KIB, billion_laughs, co
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+#: Runs the CLI in a fresh interpreter under an address-space cap and reports its own peak RSS
+#: (VmHWM) on the way out. Why not the kernel's `ru_maxrss` from `wait4`: it keeps the largest
+#: RSS across exec, and a child forked from pytest starts with pytest's RSS (over 128 MiB late in
+#: a full run), so it measured the test runner, not the daemon.
+_LAUNCHER = """
+import resource, runpy, sys
+cap, report = int(sys.argv[1]), sys.argv[2]
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+sys.argv = ["topo-device-plugin", *sys.argv[3:]]
+try:
+    runpy.run_module("plugin", run_name="__main__", alter_sys=True)
+finally:
+    with open("/proc/self/status") as f:
+        hwm = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(report, "w") as f:
+        f.write(hwm)
+"""
+
+
 def run_cli(*args: str, address_space: int = 1 << 30) -> tuple[int, str, int]:
     """(exit code, output, peak RSS in KiB) of `python -m plugin ARGS` (address space capped to protect the host)."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-
-    proc = subprocess.Popen([sys.executable, "-m", "plugin", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, preexec_fn=limit)
-    out = proc.stdout.read().decode(errors="replace")
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, out, usage.ru_maxrss
+    with tempfile.NamedTemporaryFile(prefix="tdp-peak-") as report:
+        proc = subprocess.run([sys.executable, "-c", _LAUNCHER, str(address_space), report.name, *args], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        peak = report.read().decode().strip()
+    assert peak, "the CLI's peak RSS was not reported"
+    return proc.returncode, proc.stdout.decode(errors="replace"), int(peak)
 
 
 def discover(tmp_path: pathlib.Path, kind: str, text: str) -> tuple[str, int, str, int]:
