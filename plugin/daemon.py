@@ -36,7 +36,7 @@ from .metrics import Metrics
 from .pairing_service import PairingService
 from .pod_resources import PodResourcesReader
 from .preferred import DEFAULT_DEADLINE_S
-from .ratelimited_log import RateLimitedLog
+from .ratelimited_log import RateLimitedLog, UndecodableRequestLog
 from .signals import LoopSignals
 from .registration import (
     KUBELET_SOCKET,
@@ -213,7 +213,8 @@ class Daemon:
         handlers[signal.SIGHUP] = self._on_sighup
         signals = LoopSignals(loop, handlers) if install_signals else None
         try:
-            return await self._serve(loop, stop)
+            with UndecodableRequestLog(self.handling.limited_log):
+                return await self._serve(loop, stop)
         finally:
             if signals is not None:
                 signals.close()

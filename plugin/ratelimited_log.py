@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
+from google.protobuf.message import DecodeError
+
 _OVERFLOW = ("(other)",)
 
 
@@ -85,3 +87,37 @@ def reason_kind(message: str) -> str:
     """
     text = _PREFIX.sub("", message).split(":", 1)[0]
     return _NUMBER.sub("N", text)[:100]
+
+
+class UndecodableRequestLog(logging.Filter):
+    """gRPC's own line for a request it cannot decode, sent through a `RateLimitedLog` instead.
+
+    Why: grpc.aio logs "Unexpected [DecodeError] raised by servicer method" at ERROR
+    with a full traceback (about 0.8 KB) for every such request, before any of our code
+    runs, so whoever can reach a socket could fill the node's log at will.
+    Here it becomes one structured warning per window naming the decode
+    error, without the traceback; every other gRPC record (an exception in
+    our own handler above all) passes untouched, traceback included.
+    Attached to the `grpc._cython.cygrpc` logger for as long as the daemon runs.
+    """
+
+    LOGGER = "grpc._cython.cygrpc"
+
+    def __init__(self, limited: RateLimitedLog):
+        super().__init__()
+        self.limited = limited
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, DecodeError):  # raised by gRPC's deserializer, before any handler runs
+            return True
+        self.limited.warning(("undecodable request",), "could not decode a request; refused by gRPC", {
+            "error": f"{type(error).__name__}: {error}"[:200]})
+        return False
+
+    def __enter__(self) -> UndecodableRequestLog:
+        logging.getLogger(self.LOGGER).addFilter(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger(self.LOGGER).removeFilter(self)

@@ -16,11 +16,13 @@ rate.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import grpc
 
@@ -110,6 +112,20 @@ def _duplicates(ids: Sequence[str]) -> list[str]:
 MAX_REQUEST_BYTES = 1 << 20
 
 
+def _refusing(empty: Callable[[], object]):
+    """Turn a `_Rejected` raised anywhere in an RPC into INVALID_ARGUMENT and an empty answer."""
+    def wrap(rpc):
+        @functools.wraps(rpc)
+        async def answer(self: DevicePluginService, request, context):
+            try:
+                return await rpc(self, request, context)
+            except _Rejected as rejected:
+                self._refuse(context, rejected)
+                return empty()
+        return answer
+    return wrap
+
+
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     """The RPC handlers. Holds the current `Resource`; `update()` swaps it atomically."""
 
@@ -175,6 +191,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             log.info("ListAndWatch stream closed", extra={"resource": self._resource.name,
                                                           "streams": self.active_streams})
 
+    @_refusing(api_pb2.PreferredAllocationResponse)
     async def GetPreferredAllocation(self, request, context):  # noqa: N802
         resource, policy = self._resource, self._policy
         self._metrics.rpc("GetPreferredAllocation", resource.name)
@@ -191,7 +208,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             partners = await self._handling.pairing.partners(resource.name)
             requests = await pool.run(preferred.validate_all, resource.graph, request, partners)
         except AllocationError as e:
-            await self._reject(context, "GetPreferredAllocation", str(e))
+            self._reject("GetPreferredAllocation", str(e))
         resp = api_pb2.PreferredAllocationResponse()
         for n, req in enumerate(requests):
             started = time.perf_counter()
@@ -210,6 +227,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             resp.container_responses.add(deviceIDs=list(result.ids))
         return resp
 
+    @_refusing(api_pb2.AllocateResponse)
     async def Allocate(self, request, context):  # noqa: N802
         resource = self._resource
         self._metrics.rpc("Allocate", resource.name)
@@ -217,34 +235,34 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         resp = api_pb2.AllocateResponse()
         n_requests = len(request.container_requests)
         if not n_requests:
-            await self._reject(context, "Allocate", "request has no container_requests")
+            self._reject("Allocate", "request has no container_requests")
         if n_requests > max(1, len(table)):
-            await self._reject(context, "Allocate", f"{n_requests} container_requests, more than the {len(table)} "
-                               "devices of this resource (the kubelet asks for one container per call)")
+            self._reject("Allocate", f"{n_requests} container_requests, more than the {len(table)} "
+                         "devices of this resource (the kubelet asks for one container per call)")
         for n, creq in enumerate(request.container_requests):
             if len(creq.devices_ids) > len(table):
-                await self._reject(context, "Allocate", f"container_requests[{n}]: devices_ids lists "
-                                   f"{len(creq.devices_ids)} IDs but {resource.name} has only {len(table)} devices")
+                self._reject("Allocate", f"container_requests[{n}]: devices_ids lists "
+                             f"{len(creq.devices_ids)} IDs but {resource.name} has only {len(table)} devices")
         for n, creq in enumerate(request.container_requests):
             where = f"container_requests[{n}]"
             ids = list(creq.devices_ids)
             if not ids:
-                await self._reject(context, "Allocate", f"{where}: devices_ids is empty")
+                self._reject("Allocate", f"{where}: devices_ids is empty")
             dup = _duplicates(ids)
             if dup:
-                await self._reject(context, "Allocate", f"{where}: repeated device IDs: {brief_ids(dup)}")
+                self._reject("Allocate", f"{where}: repeated device IDs: {brief_ids(dup)}")
             unknown = [i for i in ids if i not in table]
             if unknown:
-                await self._reject(context, "Allocate",
-                                   f"{where}: unknown device IDs for {resource.name}: {brief_ids(unknown)}")
+                self._reject("Allocate",
+                             f"{where}: unknown device IDs for {resource.name}: {brief_ids(unknown)}")
             unhealthy = [i for i in ids if not table[i].device.healthy]
             if unhealthy:
                 # The kubelet only hands out healthy devices; one that turned bad in between must not be used.
-                await self._reject(context, "Allocate", f"{where}: devices are unhealthy: {brief_ids(unhealthy)}")
+                self._reject("Allocate", f"{where}: devices are unhealthy: {brief_ids(unhealthy)}")
             try:
                 allocation = resource.allocate(ids)
             except AllocationError as e:  # a rule of the resource (e.g. failRequestsGreaterThanOne)
-                await self._reject(context, "Allocate", f"{where}: {e}")
+                self._reject("Allocate", f"{where}: {e}")
             resp.container_responses.append(to_proto(allocation))
             self._metrics.allocated(resource.name, len(ids))
         # Only an Allocate accepted whole joins a group (why: `plugin.pairing_service`).
@@ -253,25 +271,45 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self._metrics.paired(resource.name, [p.link for p in pairs])
         return resp
 
+    @_refusing(api_pb2.PreStartContainerResponse)
     async def PreStartContainer(self, request, context):  # noqa: N802
         self._metrics.rpc("PreStartContainer", self._resource.name)
         table = self._resource.by_id()
         if len(request.devices_ids) > len(table):
-            await self._reject(context, "PreStartContainer", f"devices_ids lists {len(request.devices_ids)} IDs but "
-                               f"{self._resource.name} has only {len(table)} devices")
+            self._reject("PreStartContainer", f"devices_ids lists {len(request.devices_ids)} IDs but "
+                         f"{self._resource.name} has only {len(table)} devices")
         unknown = [i for i in request.devices_ids if i not in table]
         if unknown:
-            await self._reject(context, "PreStartContainer", f"unknown device IDs: {brief_ids(unknown)}")
+            self._reject("PreStartContainer", f"unknown device IDs: {brief_ids(unknown)}")
         return api_pb2.PreStartContainerResponse()
 
-    async def _reject(self, context: grpc.aio.ServicerContext, method: str, message: str) -> None:
-        message = bounded(message)
+    @staticmethod
+    def _reject(method: str, message: str) -> NoReturn:
+        raise _Rejected(method, bounded(message))
+
+    def _refuse(self, context: grpc.aio.ServicerContext, rejected: _Rejected) -> None:
+        """Answer INVALID_ARGUMENT with set_code/set_details rather than `context.abort`.
+
+        Why: abort raises through grpc.aio with the request still referenced from the traceback;
+        600 refused 900 KB requests kept about 20 MiB more resident than this (measured, grpcio 1.7x).
+        """
         name = self._resource.name
-        self._metrics.rpc_error(method, name, "INVALID_ARGUMENT")
+        self._metrics.rpc_error(rejected.method, name, "INVALID_ARGUMENT")
         # A client can send bad requests at will: one line per kind of problem and minute, then a summary.
-        self._handling.limited_log.warning((method, name, reason_kind(message)), "rejected request",
-                                          {"method": method, "resource": name, "reason": message})
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        self._handling.limited_log.warning((rejected.method, name, reason_kind(rejected.message)),
+                                          "rejected request",
+                                          {"method": rejected.method, "resource": name, "reason": rejected.message})
+        context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+        context.set_details(rejected.message)
+
+
+class _Rejected(Exception):
+    """A request refused as bad input; turned into INVALID_ARGUMENT by the RPC that got it."""
+
+    def __init__(self, method: str, message: str):
+        super().__init__(message)
+        self.method = method
+        self.message = message
 
 
 class ResourceServer:

@@ -7,9 +7,10 @@ import logging
 import threading
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from allocator.request import brief_ids
-from plugin.ratelimited_log import RateLimitedLog, reason_kind
+from plugin.ratelimited_log import RateLimitedLog, UndecodableRequestLog, reason_kind
 from plugin.search_pool import SearchPool
 
 
@@ -48,6 +49,28 @@ def test_rate_limited_log_bounds_its_keys(caplog):
     assert caplog.text.count("rejected request") == 11  # ten keys, then one shared overflow key
     limited.flush(force=True)
     assert [r.suppressed for r in caplog.records if r.getMessage() == "suppressed similar log lines"] == [9989]
+
+
+def test_only_grpc_decode_errors_are_rate_limited_other_grpc_errors_keep_their_traceback(caplog):
+    caplog.set_level(logging.WARNING)
+    grpc_log = logging.getLogger(UndecodableRequestLog.LOGGER)
+    limited = RateLimitedLog(logging.getLogger("t.decode"), burst=2, window_s=60, clock=_Clock())
+
+    def servicer_failed(error: Exception) -> None:
+        try:
+            raise error
+        except Exception:
+            grpc_log.exception("Unexpected [%s] raised by servicer method [%s]", type(error).__name__, "/m")
+
+    with UndecodableRequestLog(limited):
+        for _ in range(50):
+            servicer_failed(DecodeError("Wire format was corrupt"))
+        servicer_failed(KeyError("a bug in our handler"))
+    servicer_failed(DecodeError("after the daemon stopped"))  # the filter is gone with the daemon
+    decoded = [r for r in caplog.records if r.getMessage().startswith("could not decode")]
+    assert len(decoded) == 2 and decoded[0].error == "DecodeError: Wire format was corrupt"
+    raised = [r for r in caplog.records if r.name == UndecodableRequestLog.LOGGER]
+    assert [type(r.exc_info[1]).__name__ for r in raised] == ["KeyError", "DecodeError"]
 
 
 def test_reason_kind_ignores_ids_numbers_and_position():

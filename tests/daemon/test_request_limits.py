@@ -14,6 +14,7 @@ import re
 import grpc
 import pytest
 import yaml
+from topo_testkit.procfs import footprint
 from daemon_testlib import GPU, allocate_request, cpu_seconds, hard_node_yaml, preferred_request, until
 
 from plugin.api import api_pb2, api_pb2_grpc
@@ -46,14 +47,19 @@ async def test_absurd_requests_are_refused_naming_the_problem(served):
     assert "20000 container_requests" in details and "8 devices" in details
     # more IDs than the resource has devices
     details = await refused(stub.GetPreferredAllocation,
-                            preferred_request(([f"GPU-{i}" for i in range(100000)], [], 1)))
-    assert "available_deviceIDs lists 100000 IDs" in details and "only 8 devices" in details
+                            preferred_request(([f"GPU-{i}" for i in range(20000)], [], 1)))
+    assert "available_deviceIDs lists 20000 IDs" in details and "only 8 devices" in details
     details = await refused(stub.GetPreferredAllocation, preferred_request((IDS, IDS * 2, 1)))
     assert "must_include_deviceIDs lists 16 IDs" in details
-    # one ID of 3 MB: named by its start and its length, never echoed
-    details = await refused(stub.GetPreferredAllocation, preferred_request((["0", "x" * 3_000_000], [], 1)))
-    assert "longer than any ID this plugin advertised" in details and "(3000000 chars)" in details
+    # one ID of 500 KB: named by its start and its length, never echoed
+    details = await refused(stub.GetPreferredAllocation, preferred_request((["0", "x" * 500_000], [], 1)))
+    assert "longer than any ID this plugin advertised" in details and "(500000 chars)" in details
     assert len(details) < 1024
+    # over the 1 MiB request cap, gRPC refuses it before it is decoded, naming both sizes
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.GetPreferredAllocation(preferred_request((["0", "x" * 3_000_000], [], 1)))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "larger than max" in e.value.details() and "1048576" in e.value.details()
     assert "9 container_requests" in await refused(stub.Allocate, allocate_request(*[["0"]] * 9))
     assert "devices_ids lists 9 IDs" in await refused(stub.Allocate, allocate_request(IDS + ["8"]))
     assert "lists 9 IDs" in await refused(stub.PreStartContainer,
@@ -189,3 +195,35 @@ async def test_whole_request_deadline_bounds_a_many_container_request(kubelet, s
         ids = list(r.deviceIDs)
         assert len(ids) == 32 == len(set(ids)) and set(ids) <= set(HARD_IDS) and set(m) <= set(ids)
     assert daemon.proc.poll() is None
+
+
+async def test_refused_large_requests_leave_no_memory_behind(served):
+    # Every refused request must be freed at once: a client repeating a bad request near the 1 MiB cap
+    # must not ratchet the daemon towards the chart's 128 MiB limit (with `context.abort` it kept ~20 MiB).
+    daemon, stub = served
+    bad = allocate_request(["0", "y" * 900_000])
+    for _ in range(20):  # warm-up: gRPC's buffers and the allocator's arenas reach their working size
+        await refused(stub.Allocate, bad)
+    before = footprint(daemon.proc.pid).rss_mib
+    for _ in range(300):
+        await refused(stub.Allocate, bad)
+    grown = footprint(daemon.proc.pid).rss_mib - before
+    assert grown < 10, f"300 refused 900 KB requests grew the daemon by {grown:.1f} MiB"
+
+
+async def test_undecodable_requests_cost_a_few_log_lines_not_one_traceback_each(served, plugin_dir):
+    # gRPC itself logged an ERROR with a ~0.8 KB traceback per undecodable request: a log flood at will.
+    daemon, stub = served
+    endpoint = next(p for p in os.listdir(plugin_dir) if p != "kubelet.sock")
+    async with grpc.aio.insecure_channel(f"unix:{plugin_dir}/{endpoint}") as channel:
+        raw = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")  # bytes in, bytes out
+        for n in range(100):
+            with pytest.raises(grpc.aio.AioRpcError):
+                await raw(b"\xff\xff\xff" + bytes([n]))
+    ok = await stub.GetPreferredAllocation(preferred_request((IDS, [], 2)))  # still answering
+    assert len(ok.container_responses[0].deviceIDs) == 2
+    log = daemon.log()
+    assert "Unexpected [DecodeError]" not in log and "Traceback" not in log, log[-3000:]
+    lines = [line for line in log.splitlines() if "could not decode a request" in line]
+    assert 1 <= len(lines) <= 5, lines
+    assert "DecodeError" in lines[0]
