@@ -7,7 +7,9 @@ import os
 import stat
 import tempfile
 
-from plugin.demo.kubelet_standin import KubeletStandin
+import grpc
+
+from plugin.demo.kubelet_standin import KubeletStandin, _Refused
 
 GPU = "nvidia.com/gpu"
 NIC = "topo.dev/nic"
@@ -136,3 +138,37 @@ async def test_kubelet_root_dir_selects_device_plugins_subdir(start_daemon):
             assert kubelet.registrations_of(GPU)[0].endpoint in os.listdir(plugin_dir)
         finally:
             await kubelet.stop()
+
+
+class _RefusingKubelet(KubeletStandin):
+    """A kubelet whose first `refusals` Register calls fail, as one still starting its device manager."""
+
+    def __init__(self, plugin_dir: str, refusals: int):
+        super().__init__(plugin_dir)
+        self.refusals = refusals
+        self.refused = 0
+
+    async def _do_register(self, request) -> None:
+        if self.refused < self.refusals:
+            self.refused += 1
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, "device manager not ready (stand-in refusal)")
+        await super()._do_register(request)
+
+
+async def test_a_refused_registration_is_retried_until_accepted_then_once_per_resource(plugin_dir, start_daemon):
+    kubelet = _RefusingKubelet(plugin_dir, refusals=6)
+    await kubelet.start()
+    try:
+        daemon = start_daemon()
+        await registered(kubelet, timeout=60)
+        await registered(kubelet, resource=NIC, timeout=60)
+        await asyncio.sleep(0.5)  # a late duplicate registration would show up here
+        assert kubelet.refused == 6 and kubelet.register_calls == 6 + 2
+        assert [len(kubelet.registrations_of(r)) for r in (GPU, NIC)] == [1, 1]
+        assert kubelet.max_live_streams == {GPU: 1, NIC: 1}
+        # each refusal is logged with the kubelet's reason, never as a traceback
+        log = daemon.log()
+        assert "device manager not ready" in log and "Traceback" not in log, log[-3000:]
+        assert daemon.proc.poll() is None
+    finally:
+        await kubelet.stop()
