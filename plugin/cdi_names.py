@@ -44,8 +44,10 @@ def add_names(out: ContainerAllocation, names: Sequence[str], strategies: Sequen
 class CdiNamingBuilder:
     """Wraps a resource's Allocate builder: its answer plus the CDI names of our spec for the devices."""
 
-    def __init__(self, inner, spec: CdiSpec, strategies: Sequence[str], prefix: str, resource_name: str):
+    def __init__(self, inner, spec: CdiSpec, strategies: Sequence[str], prefix: str, resource_name: str,
+                 pass_device_specs: bool = True):
         self.inner = inner
+        self.pass_device_specs = pass_device_specs
         self.spec = spec
         self.strategies = tuple(strategies)
         self.prefix = prefix
@@ -53,5 +55,10 @@ class CdiNamingBuilder:
 
     def build(self, ids: Sequence[str], devices: Sequence[Device]) -> ContainerAllocation:
         out = self.inner.build(ids, devices)
-        add_names(out, names_for(self.spec, ids), self.strategies, self.prefix, self.resource_name)
+        names = names_for(self.spec, ids)
+        add_names(out, names, self.strategies, self.prefix, self.resource_name)
+        if names and not self.pass_device_specs:
+            # CDI alone: our spec holds every node the inner builder listed (`plugin.cdi` builds both from the
+            # same device paths), and the runtime adds them with their cgroup rules, so nothing is lost.
+            out.devices.clear()
         return out

@@ -53,6 +53,8 @@ class GpuAllocateOptions:
     cdi_vendor: str = "nvidia.com"
     cdi_class: str = "gpu"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
+    #: False: a device named through CDI gets no device nodes from us (the runtime injects them from the spec).
+    pass_device_specs: bool = True
 
     def __post_init__(self) -> None:
         bad = [s for s in self.device_list_strategy if s not in DEVICE_LIST_STRATEGIES]
@@ -105,6 +107,8 @@ class GpuAllocateBuilder:
         if o.uses_cdi and o.cdi_specs == "external":
             names = [f"{o.cdi_vendor}/{o.cdi_class}={d.uuid or i}" for i, d in zip(ids, devices)]
             add_names(out, names, strategies, o.cdi_annotation_prefix, self.resource_name)
+            if not o.pass_device_specs:
+                return out  # `nvidia-ctk cdi generate`'s spec has the device nodes; the runtime injects them
         for d in devices:
             for path in device_paths(d):
                 node = self._node(path)

@@ -221,7 +221,8 @@ def _with_cdi(resource: Resource, options: ResourceOptions) -> Resource:
                     CdiOptions(dev_root=options.dev_root))
     if spec is None:
         return resource
-    builder = CdiNamingBuilder(resource.builder, spec, o.device_list_strategy, o.cdi_annotation_prefix, resource.name)
+    builder = CdiNamingBuilder(resource.builder, spec, o.device_list_strategy, o.cdi_annotation_prefix, resource.name,
+                               o.pass_device_specs)
     return replace(resource, builder=builder, cdi_spec=spec)
 
 

@@ -138,6 +138,7 @@ def resource_options(settings: Settings) -> ResourceOptions:
             cdi_vendor=v["cdi_vendor"],
             cdi_class=v["cdi_class"],
             cdi_annotation_prefix=v["cdi_annotation_prefix"],
+            pass_device_specs=v["pass_device_specs"],
         ),
         nic_pools=_nic_pools(settings),
         nic_resource_name=v["nic_resource_name"],
@@ -147,6 +148,10 @@ def resource_options(settings: Settings) -> ResourceOptions:
         mig_strategy=v["mig_strategy"],
         time_slicing=settings.config.time_slicing,
     )
+    if not options.gpu_allocate.pass_device_specs and not options.gpu_allocate.uses_cdi:
+        # NVIDIA's default is false with envvar (its runtime hook makes the nodes); here nodes still come from us.
+        log.warning("passDeviceSpecs false has no effect without a CDI device list strategy: device nodes are "
+                    "still passed", extra={"device_list_strategy": ",".join(options.gpu_allocate.device_list_strategy)})
     dra = list(v.get("dra_resources") or [])
     if not dra:
         return options

@@ -144,6 +144,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("device_list_strategy", f"Comma list of {', '.join(DEVICE_LIST_STRATEGIES)}: how Allocate names GPUs "
            "(CDI strategies name MIG devices and NICs with device nodes too; docs/sharing.md).",
            kind="choice-list", default="envvar", choices=DEVICE_LIST_STRATEGIES, live=True),
+    Option("pass_device_specs", "List device nodes in Allocate answers. With --no-pass-device-specs and a CDI device "
+           "list strategy, devices named through CDI get no device nodes from us: the container runtime injects "
+           "them from the CDI spec (NVIDIA's passDeviceSpecs). Without a CDI strategy it changes nothing.",
+           kind="bool", default=True, live=True),
     Option("mig_strategy", "How MIG devices are served, as NVIDIA's plugin: none (MIG-enabled GPUs are served whole), "
            "single (every GPU in MIG mode with one profile, as the GPU resource) or mixed (one resource per profile, "
            "<domain>/mig-<profile>).", kind="choice", default="none", choices=MIG_STRATEGIES, live=True),

@@ -63,7 +63,7 @@ FLAG_PROPERTIES: dict[str, Any] = {
 
 #: NVIDIA key under `flags.plugin` -> our `flags:` key.
 _MAPPED = {"deviceListStrategy": "deviceListStrategy", "deviceIDStrategy": "deviceIdStrategy",
-           "cdiAnnotationPrefix": "cdiAnnotationPrefix"}
+           "cdiAnnotationPrefix": "cdiAnnotationPrefix", "passDeviceSpecs": "passDeviceSpecs"}
 _IGNORED = {
     ("plugin", "nvidiaCTKPath"): "our CDI specs need no NVIDIA hook",
     ("plugin", "containerDriverRoot"): "our CDI specs mount no driver files",
@@ -128,9 +128,6 @@ def translate(flags: Mapping[str, Any]) -> dict[str, Any]:
             raise _refuse(["plugin", theirs], f"{value!r} contradicts flags.{ours}: {out[ours]!r}",
                           f"keep one of flags.plugin.{theirs} and flags.{ours}")
         out[ours] = value
-    if plugin.get("passDeviceSpecs") is False:
-        log.warning("flags.plugin.passDeviceSpecs: false ignored: the device nodes a container gets are always "
-                    "passed (they keep GPU access under the static CPU manager)")
     for path, why in _IGNORED.items():
         section: Any = flags
         for part in path:

@@ -46,8 +46,8 @@ async def test_nvidia_flags_and_rename_by_default(kubelet, start_daemon, tmp_pat
     assert GPU not in kubelet.clients  # every GPU is shared: nothing is left to serve whole
     ids = list(kubelet.devices(SHARED))
     assert all(i.startswith("GPU-") and "::" in i for i in ids)  # deviceIDStrategy: uuid, NVIDIA's replica IDs
-    # passDeviceSpecs: false has no equivalent: the daemon says so instead of failing
-    assert "passDeviceSpecs: false ignored" in daemon.log()
+    # passDeviceSpecs: false with envvar (NVIDIA's runtime hook makes the nodes): ours still pass them, and say so
+    assert "passDeviceSpecs false has no effect without a CDI device list strategy" in daemon.log()
 
 
 async def test_allocate_names_each_gpu_once(kubelet, start_daemon, tmp_path):
