@@ -17,8 +17,7 @@ from plugin.cdi.sync import SpecSync
 from plugin.gpu_allocate import GpuAllocateOptions
 from plugin.resources import Resource, ResourceOptions, build_resources
 from plugin.sources.hardware import hardware_source_from_options
-from plugin.sources.simulated import load_simulated
-from topo_testkit.fake_nvml import FakeNvml
+from topo_testkit.fake_nvml import gpu_node_on_disk
 
 GPU = "nvidia.com/gpu"
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -27,12 +26,7 @@ MIG_3G = "nvidia.com/mig-3g.40gb"
 
 @pytest.fixture
 def node(tmp_path: pathlib.Path):
-    sim = load_simulated("dgx-a100-mig")
-    fake = FakeNvml(sim.without(d.name for d in sim.nics))
-    roots = {k: str(tmp_path / k) for k in ("sys", "proc", "dev")}
-    fake.write_sysfs(roots["sys"])
-    fake.write_proc(roots["proc"])
-    fake.write_dev(roots["dev"])
+    fake, roots = gpu_node_on_disk(str(tmp_path))
     # The fixture's nodes are plain files; the driver's optional nodes have dynamic majors, so a spec can
     # describe them only from a real character device: stand one in for each, as the driver would create it.
     for name in ("nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):

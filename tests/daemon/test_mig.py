@@ -17,7 +17,7 @@ from plugin.health import GpuHealthOptions
 from plugin.resources import ResourceOptions
 from plugin.sources.hardware import hardware_source_from_options
 from plugin.sources.simulated import load_simulated
-from topo_testkit.fake_nvml import FakeNvml
+from topo_testkit.fake_nvml import FakeNvml, gpu_node_on_disk
 
 GPU = "nvidia.com/gpu"
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -76,13 +76,7 @@ async def test_single_refuses_mixed_profiles_and_falls_back_without_mig(kubelet,
 # -- the NVML path: fake NVML driven by the MIG node, its sysfs, procfs and device nodes -----------------
 @pytest.fixture
 def nvml_node(tmp_path):
-    sim = load_simulated("dgx-a100-mig")
-    fake = FakeNvml(sim.without(d.name for d in sim.nics))
-    roots = {k: str(tmp_path / k) for k in ("sys", "proc", "dev")}
-    fake.write_sysfs(roots["sys"])
-    fake.write_proc(roots["proc"])
-    fake.write_dev(roots["dev"])
-    return fake, roots
+    return gpu_node_on_disk(str(tmp_path))
 
 
 @contextlib.asynccontextmanager

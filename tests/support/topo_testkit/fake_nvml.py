@@ -787,3 +787,19 @@ def _write(path: str, text: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="ascii") as f:
         f.write(text)
+
+
+def gpu_node_on_disk(root: str, node: str = "dgx-a100-mig") -> tuple[FakeNvml, dict[str, str]]:
+    """A built-in node's GPUs (no NICs) as fake NVML plus its sysfs, procfs and /dev under `root`.
+
+    Returns the fake and the roots by name (`sys`, `proc`, `dev`), ready for the hardware source.
+    """
+    from plugin.sources.simulated import load_simulated
+
+    sim = load_simulated(node)
+    fake = FakeNvml(sim.without(d.name for d in sim.nics))
+    roots = {k: os.path.join(root, k) for k in ("sys", "proc", "dev")}
+    fake.write_sysfs(roots["sys"])
+    fake.write_proc(roots["proc"])
+    fake.write_dev(roots["dev"])
+    return fake, roots
