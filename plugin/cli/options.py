@@ -19,9 +19,10 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from ..config import Config, load_config
+from ..config import Config, ConfigError, load_config
 from ..config.flags import BY_DEST, Option, options_for, restart_needed
 from ..gpu_allocate import GpuAllocateOptions
+from ..http_server import parse_address
 from ..nic_pools import NicPool, parse_pools
 from ..resources import ResourceOptions
 from ..serving_modes import check_modes
@@ -39,7 +40,22 @@ def option(*decls: str, **kw: Any) -> Callable:
     return click.option(*decls, **kw)
 
 
+class _Address(click.ParamType):
+    """`HOST:PORT`, checked when the flag is read: a bad one is a usage error (exit 2), never a traceback."""
+
+    name = "HOST:PORT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            parse_address(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        return value
+
+
 def _click_type(o: Option) -> Any:
+    if o.kind == "address":
+        return _Address()
     if o.kind == "choice":
         return click.Choice(list(o.choices))
     if o.kind == "number":
@@ -93,6 +109,11 @@ def resolve(params: dict[str, Any], sources: dict[str, ParameterSource | None], 
     for o in options_for(command):
         if o.kind in ("choice-list", "list") and isinstance(values.get(o.dest), str):
             values[o.dest] = [s.strip() for s in values[o.dest].split(",") if s.strip()]
+        if o.kind == "address" and o.key in config.flags and values.get(o.dest) == config.flags[o.key]:
+            try:
+                parse_address(str(values[o.dest]))
+            except ValueError as e:
+                raise ConfigError(f"{config.path}: field flags.{o.key}: {e} (fix: see docs/configuration.md)") from None
     return Settings(values, config, command, dict(params), dict(sources))
 
 

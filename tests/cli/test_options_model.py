@@ -103,3 +103,19 @@ def test_serve_only_options_come_from_the_config_file_too(tmp_path):
     r = CliRunner().invoke(cli, ["demo", "--config", str(cfg), "--simulate", "pcie-2socket-4gpu-2nic"],
                            env={"TOPO_DP_LOG_LEVEL": "warning"})
     assert r.exit_code == 0 and "registered with the kubelet" not in r.output
+
+
+@pytest.mark.parametrize("address", ["nonsense", "1.2.3.4:99999", ":abc", "[::1:80"])
+def test_a_bad_metrics_address_is_a_usage_error_naming_where_it_came_from(tmp_path, address):
+    # It used to pass the flag parser and fail at start-up as "internal error (a bug...)" with a traceback.
+    base = ["serve", "--simulate", "dgx-a100", "--device-plugin-path", str(tmp_path / "dp")]
+    r = CliRunner().invoke(cli, [*base, "--metrics-address", address])
+    assert r.exit_code == 2, r.output
+    assert "Invalid value for '--metrics-address'" in r.output and f"{address!r} is not HOST:PORT" in r.output
+    config = tmp_path / "c.yaml"
+    config.write_text(f"version: v1\nflags:\n  metricsAddress: {json.dumps(address)}\n")
+    r = CliRunner().invoke(cli, [*base, "--config", str(config)])
+    assert r.exit_code == 2, r.output
+    # the schema (with the line) or the address check names the file, the field and the value
+    assert str(config) in r.output and "field flags.metricsAddress" in r.output and repr(address) in r.output
+    assert "internal error" not in r.output and not (tmp_path / "dp").exists()
