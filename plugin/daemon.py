@@ -37,6 +37,7 @@ from .pairing_service import PairingService
 from .pod_resources import PodResourcesReader
 from .preferred import DEFAULT_DEADLINE_S
 from .ratelimited_log import RateLimitedLog, UndecodableRequestLog
+from .socket_file import prune_stale_bind_dirs
 from .signals import LoopSignals
 from .registration import (
     KUBELET_SOCKET,
@@ -237,6 +238,9 @@ class Daemon:
                 raise
         os.makedirs(self.options.plugin_dir, mode=0o750, exist_ok=True)
         self._warn_if_world_writable()
+        stale = prune_stale_bind_dirs(self.options.plugin_dir)
+        if stale:
+            log.info("removed bind directories left by a killed run", extra={"names": ", ".join(stale)})
         watcher = PluginDirWatcher(self.options.plugin_dir, loop, self._on_kubelet_socket, self._on_socket_removed)
         watcher.start()
         if self.options.metrics_address:

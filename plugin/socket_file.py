@@ -25,6 +25,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 
 import grpc
 
@@ -62,6 +63,27 @@ async def serve_at(server: grpc.aio.Server, path: str, mode: int = 0o600) -> Soc
     if ident is None or ident[:2] != (st.st_dev, st.st_ino):
         return None
     return ident
+
+
+def prune_stale_bind_dirs(directory: str, older_than_s: float = 60.0) -> list[str]:
+    """Remove our temporary bind directories that a killed process left behind; returns their names.
+
+    Why the age: a bind lasts milliseconds, so a directory older than a minute
+    belongs to no live bind (a daemon killed mid-bind, e.g. by SIGKILL), while a
+    younger one may be a bind in progress that must not be pulled from under it.
+    """
+    removed = []
+    now = time.time()
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in os.scandir(directory):
+            if not entry.name.startswith(_TMP_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if now - entry.stat(follow_symlinks=False).st_mtime < older_than_s:
+                    continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
 
 
 def remove_if_ours(path: str, identity: SocketIdentity | None) -> bool:

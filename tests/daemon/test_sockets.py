@@ -166,3 +166,21 @@ async def test_a_world_writable_plugin_directory_is_reported_once(kubelet, start
     lines = [x for x in daemon.log().splitlines() if "world-writable" in x]
     assert len(lines) == 1, lines
     assert plugin_dir in lines[0] and f"chmod o-w {plugin_dir}" in lines[0]
+
+
+async def test_bind_directories_left_by_a_killed_run_are_removed_at_start(kubelet, start_daemon, plugin_dir):
+    # A daemon killed mid-bind (SIGKILL between mkdtemp and the rename) leaves `.topo-bind-*` behind;
+    # each restart that way would add one for good. A young one may be a bind in progress: it stays.
+    old = os.path.join(plugin_dir, ".topo-bind-killed")
+    os.mkdir(old, 0o700)
+    open(os.path.join(old, "s"), "w").close()
+    os.utime(old, (0, 0))
+    young = os.path.join(plugin_dir, ".topo-bind-in-progress")
+    os.mkdir(young, 0o700)
+    daemon = start_daemon()
+    await registered(kubelet, GPU)
+    assert not os.path.exists(old)
+    assert os.path.isdir(young)
+    assert "removed bind directories left by a killed run" in daemon.log() and ".topo-bind-killed" in daemon.log()
+    # and its own binds leave nothing behind
+    assert sorted(n for n in os.listdir(plugin_dir) if n.startswith(".topo-bind-")) == [".topo-bind-in-progress"]
