@@ -10,7 +10,7 @@ the GIL over every switch interval (5 ms) when another thread asks for it,
 so the event loop still gets to run within milliseconds: streams and
 registration stay responsive, which is what matters here. A process pool
 would search in parallel, but each worker costs a Python interpreter with
-the allocator loaded (tens of MiB against the chart's 128 MiB limit), every
+the allocator loaded (tens of MiB against the chart's 192 MiB limit), every
 request would pickle the device graph across, and a topology change would
 have to reach every worker; no measured need justifies that.
 

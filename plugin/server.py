@@ -108,7 +108,7 @@ def _duplicates(ids: Sequence[str]) -> list[str]:
 #: The largest request we read (gRPC's default is 4 MiB). The kubelet's biggest request, a
 #: GetPreferredAllocation listing every device of a node by UUID, is a few KB (10,000 devices
 #: would be about 450 KB); at 4 MiB, forty concurrent oversized requests took the daemon from
-#: 54 to 119 MiB, next to the chart's 128 MiB limit. Larger requests get RESOURCE_EXHAUSTED.
+#: 54 to 119 MiB, next to the chart's limit (then 128 MiB, now 192 MiB). Larger requests get RESOURCE_EXHAUSTED.
 MAX_REQUEST_BYTES = 1 << 20
 
 

@@ -199,7 +199,7 @@ async def test_whole_request_deadline_bounds_a_many_container_request(kubelet, s
 
 async def test_refused_large_requests_leave_no_memory_behind(served):
     # Every refused request must be freed at once: a client repeating a bad request near the 1 MiB cap
-    # must not ratchet the daemon towards the chart's 128 MiB limit (with `context.abort` it kept ~20 MiB).
+    # must not ratchet the daemon towards the chart's memory limit (with `context.abort` it kept ~20 MiB).
     daemon, stub = served
     bad = allocate_request(["0", "y" * 900_000])
     for _ in range(20):  # warm-up: gRPC's buffers and the allocator's arenas reach their working size

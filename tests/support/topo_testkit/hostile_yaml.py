@@ -6,8 +6,9 @@ with the same inputs.
 
 from __future__ import annotations
 
-#: The chart's memory limit for the daemon container, in KiB.
-CHART_MEMORY_LIMIT_KIB = 128 * 1024
+#: The most a hostile input may cost the daemon, in KiB: 128 MiB, two thirds of the chart's memory
+#: limit (192Mi), the rest being what NVML adds on a real node (docs/deployment.md).
+HOSTILE_INPUT_RSS_BOUND_KIB = 128 * 1024
 NODE_HEAD = "apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\n"
 
 
