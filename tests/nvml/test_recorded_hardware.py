@@ -17,28 +17,39 @@ from plugin.sources.nvml_mig import CapsReader, cap_minors, profile_name
 from plugin.sources.simulated import load_simulated
 from topo_testkit.fake_nvml import FakeNvml
 
-RECORDED = pathlib.Path(__file__).parent / "recorded" / "h100-80gb-hbm3-driver-580.json"
-REAL = json.loads(RECORDED.read_text())
-PROFILES = {int(i): p for i, p in REAL["gpu_instance_profiles"].items()}
-OFFERED = {i: p for i, p in PROFILES.items() if isinstance(p, dict)}
+RECORDED = sorted((pathlib.Path(__file__).parent / "recorded").glob("*.json"))
 #: Compute-instance profile index of a compute instance as large as its GPU instance (slices -> index).
 FULL_CI = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
 
 
-@pytest.mark.parametrize("index", sorted(OFFERED))
-def test_our_profile_names_are_the_ones_real_nvml_gives(index):
-    p = OFFERED[index]
-    ours = profile_name(index, FULL_CI[p["sliceCount"]], p["memorySizeMB"], REAL["memory_total_bytes"])
-    assert f"MIG {ours}" == p["name"]
+def _profiles(real: dict) -> dict[int, object]:
+    return {int(i): p for i, p in real["gpu_instance_profiles"].items()}
 
 
-def test_the_fake_nvml_offers_the_profiles_real_nvml_offers_under_the_same_ids():
+@pytest.fixture(params=RECORDED, ids=[p.stem for p in RECORDED])
+def real(request) -> dict:
+    return json.loads(request.param.read_text())
+
+
+def test_a_recording_is_there():
+    assert RECORDED, "tests/nvml/recorded/ holds at least one recording of real NVML"
+
+
+def test_our_profile_names_are_the_ones_real_nvml_gives(real):
+    offered = {i: p for i, p in _profiles(real).items() if isinstance(p, dict)}
+    assert offered, "the recording has MIG profiles"
+    for index, p in offered.items():
+        ours = profile_name(index, FULL_CI[p["sliceCount"]], p["memorySizeMB"], real["memory_total_bytes"])
+        assert f"MIG {ours}" == p["name"], index
+
+
+def test_the_fake_nvml_offers_the_profiles_real_nvml_offers_under_the_same_ids(real):
     fake = FakeNvml(load_simulated("dgx-h100"))
     fake.nvmlInit()
     handle = fake.nvmlDeviceGetHandleByIndex(0)
-    for index, real in PROFILES.items():
-        if isinstance(real, dict):
-            assert fake.nvmlDeviceGetGpuInstanceProfileInfo(handle, index).id == real["id"], index
+    for index, answer in _profiles(real).items():
+        if isinstance(answer, dict):
+            assert fake.nvmlDeviceGetGpuInstanceProfileInfo(handle, index).id == answer["id"], index
         else:
             # Real NVML refused it (NOT_SUPPORTED, or INVALID_ARGUMENT past the driver's table):
             # discovery skips both codes, and the double must refuse with one of them too.
@@ -47,14 +58,15 @@ def test_the_fake_nvml_offers_the_profiles_real_nvml_offers_under_the_same_ids()
             assert refused.value.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
 
-def test_capability_minors_read_from_the_real_procfs_format(tmp_path):
+def test_capability_minors_read_from_the_real_procfs_format(real, tmp_path):
     caps = tmp_path / "driver" / "nvidia-caps"
     caps.mkdir(parents=True)
-    (caps / "mig-minors").write_text("\n".join(REAL["mig_minors_head"]) + "\n")
-    (tmp_path / "devices").write_text("Character devices:\n" + "\n".join(REAL["proc_devices"]) + "\n")
+    (caps / "mig-minors").write_text("\n".join(real["mig_minors_head"]) + "\n")
+    (tmp_path / "devices").write_text("Character devices:\n" + "\n".join(real["proc_devices"]) + "\n")
     reader = CapsReader(str(tmp_path))
-    assert reader.major == next(line.split()[0] for line in REAL["proc_devices"] if line.endswith(" nvidia-caps"))
-    for line in REAL["mig_minors_head"]:
+    assert reader.major == next(line.split()[0] for line in real["proc_devices"] if line.endswith(" nvidia-caps"))
+    checked = 0
+    for line in real["mig_minors_head"]:
         name, minor = line.split()
         parts = name.split("/")
         if len(parts) < 3:
@@ -64,3 +76,5 @@ def test_capability_minors_read_from_the_real_procfs_format(tmp_path):
         assert reader.minor(gpu, gi, ci) == int(minor), name
         # NVIDIA's numbering, which our CDI specs and the fake's procfs use, is the real one.
         assert cap_minors(gpu, gi, ci or 0)[0 if ci is None else 1] == int(minor), name
+        checked += 1
+    assert checked, "the recording lists GPU-instance capability minors"

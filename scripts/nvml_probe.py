@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Record what real NVML answers on a GPU machine, for tests/nvml/recorded/.
+
+Why: the MIG code is tested against our NVML double; a recording from a real driver is what keeps
+the double and our profile naming honest (tests/nvml/test_recorded_hardware.py). It only reads:
+MIG mode is not changed, nothing is reset.
+
+Usage (on the GPU machine; needs nvidia-ml-py, nothing else of the project):
+    python3 scripts/nvml_probe.py [GPU_INDEX] > tests/nvml/recorded/<model>-driver-<major>.json
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from typing import Any
+
+import pynvml as nvml
+
+
+def _answer(fn: Any, *args: Any) -> Any:
+    """The call's value, or the NVML error it raised as `"NVMLError(<code>: <text>)"`."""
+    try:
+        value = fn(*args)
+    except nvml.NVMLError as e:
+        return f"NVMLError({e.value}: {e})"
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _profile(info: Any) -> Any:
+    if isinstance(info, str):
+        return info
+    name = getattr(info, "name", b"")
+    return {"id": info.id, "sliceCount": info.sliceCount, "instanceCount": info.instanceCount,
+            "memorySizeMB": info.memorySizeMB, "name": name.decode() if isinstance(name, bytes) else name}
+
+
+def _read(path: str, lines: int | None = None) -> Any:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read().splitlines()
+    except OSError as e:
+        return str(e)
+    return text[:lines] if lines else text
+
+
+def record(index: int) -> dict[str, Any]:
+    nvml.nvmlInit()
+    try:
+        h = nvml.nvmlDeviceGetHandleByIndex(index)
+        bus = _answer(nvml.nvmlDeviceGetPciInfo, h)
+        bdf = bus.busId.decode().lower()[-12:] if not isinstance(bus, str) and isinstance(bus.busId, bytes) \
+            else str(getattr(bus, "busId", "")).lower()[-12:]
+        count = int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 18))
+        numa = _read(f"/sys/bus/pci/devices/{bdf}/numa_node")
+        return {
+            "_what": f"Answers of real NVML recorded by scripts/nvml_probe.py on {datetime.date.today()}: "
+                     "the inputs of MIG profile naming and the error codes of profile indexes the GPU lacks.",
+            "driver": _answer(nvml.nvmlSystemGetDriverVersion),
+            "nvml": _answer(nvml.nvmlSystemGetNVMLVersion),
+            "name": _answer(nvml.nvmlDeviceGetName, h),
+            "memory_total_bytes": nvml.nvmlDeviceGetMemoryInfo(h).total,
+            "mig_mode": _answer(nvml.nvmlDeviceGetMigMode, h),
+            "max_mig_device_count": _answer(nvml.nvmlDeviceGetMaxMigDeviceCount, h),
+            "sysfs_numa_node": numa[0] if isinstance(numa, list) and numa else numa,
+            "gpu_instance_profiles": {str(p): _profile(_answer(nvml.nvmlDeviceGetGpuInstanceProfileInfo, h, p))
+                                      for p in range(count)},
+            "mig_minors_head": _read("/proc/driver/nvidia-caps/mig-minors", 12),
+            "proc_devices": [line for line in _read("/proc/devices") if "nvidia" in line],
+        }
+    finally:
+        nvml.nvmlShutdown()
+
+
+if __name__ == "__main__":
+    json.dump(record(int(sys.argv[1]) if len(sys.argv) > 1 else 0), sys.stdout, indent=1)
+    print()
