@@ -186,7 +186,10 @@ def harness_binary_path(name: str = "current") -> pathlib.Path:
     """Where the harness of one line is cached (keyed by its sources, go.mod/go.sum and Go)."""
     ln = line(name)
     srcs = [ln.gomod, ln.gosum, *sorted((HARNESS_DIR / "cmd" / "harness").glob("*.go"))]
-    key = _hash(srcs, f"{_go_version(go_env())} {ln.go_flags()}")
+    # The flags as they read relative to the checkout: an absolute -modfile path in the key made
+    # every clone rebuild the race line (and prune another clone's build).
+    flags = [f.replace(str(ROOT) + os.sep, "") for f in ln.go_flags()]
+    key = _hash(srcs, f"{_go_version(go_env())} {flags}")
     return cache_dir() / "bin" / f"harness-{name}-{ln.kubernetes}-{key}"
 
 

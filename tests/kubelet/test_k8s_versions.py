@@ -10,8 +10,10 @@ no Go toolchain, so they run everywhere.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 
 import kubelet_build
 import pytest
@@ -82,6 +84,26 @@ def test_kubelet_build_reads_the_versions_file_only():
     source = (kubelet_build.HERE / "kubelet_build.py").read_text()
     assert not K8S_RE.search(source) and not STAGING_RE.search(source), "kubelet_build.py names a version"
     assert kubelet_build.line().kubernetes == LINES["current"].kubernetes
+
+
+def test_harness_cache_keys_do_not_depend_on_where_the_checkout_is(tmp_path):
+    """Two clones share one build cache: neither may rebuild (or prune) the other's harness."""
+    inputs = ["kubelet_build.py", "k8s_versions.json", "harness/go.mod", "harness/go.sum",
+              "harness/race/go.mod", "harness/race/go.sum",
+              *(str(p.relative_to(kubelet_build.HERE)) for p in (kubelet_build.HARNESS_DIR / "cmd").rglob("*.go"))]
+    names = []
+    for clone in (tmp_path / "a", tmp_path / "elsewhere" / "b"):
+        for rel in inputs:
+            dest = clone / "tests" / "kubelet" / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes((kubelet_build.HERE / rel).read_bytes())
+        proc = subprocess.run(
+            [sys.executable, "-c", "import kubelet_build as k; print(*(k.harness_binary_path(n).name for n in k.LINES))"],
+            cwd=clone / "tests" / "kubelet", capture_output=True, text=True, timeout=120,
+            env={**os.environ, "TOPO_DP_CACHE_DIR": str(tmp_path / "cache")})
+        assert proc.returncode == 0, proc.stderr
+        names.append(proc.stdout.split())
+    assert names[0] == names[1] and len(names[0]) == len(LINES), names
 
 
 @pytest.mark.parametrize("name", list(LINES))
