@@ -1,5 +1,8 @@
 """`topo-device-plugin demo`: the daemon on a simulated node, registered with a kubelet stand-in.
 
+With `--hardware` it serves the node's own devices instead: on a GPU node, the same transcript is
+a smoke test of discovery, allocation and the device-plugin API that needs no kubelet.
+
 Why: the first thing a new user runs. No GPU, no kubelet, no root: a
 temporary directory plays `/var/lib/kubelet/device-plugins`, the stand-in
 plays the kubelet's device manager, and the transcript shows what the
@@ -113,9 +116,15 @@ async def _paired_pod(daemon: Daemon, kubelet: KubeletStandin, gpu: str, nic: st
 @with_settings("demo")
 @click.option("--hold", type=float, default=0.0, show_default=True,
               help="Keep serving this many seconds after the transcript.")
-def demo(settings: Settings, hold: float) -> None:
+@click.option("--hardware", is_flag=True,
+              help="Serve this node's own devices (NVML GPUs, sysfs NICs) instead of a simulated node: "
+                   "a smoke test of a GPU node without a kubelet.")
+def demo(settings: Settings, hold: float, hardware: bool) -> None:
     """Serve a simulated node to a kubelet stand-in in a temp dir and show what the kubelet sees."""
-    if not settings["simulate"]:
+    if hardware and settings["simulate"]:
+        raise click.UsageError("--hardware and --simulate exclude each other: --hardware serves this "
+                               "node's own devices, --simulate a simulated node")
+    if not hardware and not settings["simulate"]:
         settings.values["simulate"] = "dgx-a100"
     setup_logging(settings["log_level"], "text")
     code = asyncio.run(_demo(settings, hold, click.echo))

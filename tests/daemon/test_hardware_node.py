@@ -107,3 +107,21 @@ async def test_rdma_nic_gets_the_same_allocate_in_the_default_pool_as_in_an_rdma
     for kind in ("uverbs", "umad", "issm"):
         assert any(p.startswith(f"/dev/infiniband/{kind}") for p in paths), (kind, paths)
     assert info[rdma.bdf]["rdma"]["rdma_dev"] == rdma.rdma_dev
+
+
+def test_demo_hardware_shows_what_the_kubelet_would_get_from_this_node(node):
+    """`demo --hardware` on a GPU node: the node's own devices (NVML + sysfs), not a simulated one."""
+    with installed(fake_for(f"{node.root}/node.yaml")):
+        r = CliRunner().invoke(cli, ["demo", "--hardware", "--config", f"{node.root}/config.yaml"],
+                               catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    topo = node.topology
+    for g in topo.gpus:  # every GPU of this node, with its NUMA node, as ListAndWatch gave it
+        assert any(g.uuid in line and f"NUMA {g.numa}" in line for line in r.output.splitlines()), (g.uuid, r.output)
+    assert "topo.dev/rdma_ib: 1 device from ListAndWatch" in r.output
+    assert "dgx-a100" not in r.output and "daemon stopped (exit 0)" in r.output
+
+
+def test_demo_hardware_and_simulate_exclude_each_other():
+    r = CliRunner().invoke(cli, ["demo", "--hardware", "--simulate", "dgx-a100"])
+    assert r.exit_code == 2 and "--hardware and --simulate exclude each other" in r.output
