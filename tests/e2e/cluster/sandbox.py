@@ -234,12 +234,18 @@ class Sandbox:
                          .stdout.split() or self.ctr("tasks", "delete", "-f", t, check=False).returncode == 0, 30)
             for c in ids:
                 self.ctr("containers", "delete", c, check=False)
+            # containerd tells a shim to shut down once its last task is deleted, a moment later
+            # (containerd 2.x asynchronously): wait for that while containerd still runs; a shim whose
+            # containerd is gone first is orphaned for good (one in a loaded CI run).
+            self._wait_for_shims()
         self.stop("containerd")
-        # A shim shuts down by itself once its last container is deleted, a moment later (containerd
-        # 2.x asynchronously): wait for that, generously; one still there after it is a leftover.
+        # Whatever shim is still there gets a last chance; one there after it is a leftover.
+        self._wait_for_shims()
+
+    def _wait_for_shims(self, timeout: float = 60) -> None:
         try:
             wait_for("containerd's shims to exit", lambda: not [
-                pid for pid in self.members() if "containerd-shim" in _cmdline(pid)], 60)
+                pid for pid in self.members() if "containerd-shim" in _cmdline(pid)], timeout)
         except TimeoutError:
             pass
 
