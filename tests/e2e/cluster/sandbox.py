@@ -235,19 +235,37 @@ class Sandbox:
             for c in ids:
                 self.ctr("containers", "delete", c, check=False)
             # containerd tells a shim to shut down once its last task is deleted, a moment later
-            # (containerd 2.x asynchronously): wait for that while containerd still runs; a shim whose
-            # containerd is gone first is orphaned for good (one in a loaded CI run).
-            self._wait_for_shims()
+            # (containerd 2.x asynchronously): give it that moment while containerd still runs.
+            self._wait_for_shims(10)
         self.stop("containerd")
-        # Whatever shim is still there gets a last chance; one there after it is a leftover.
-        self._wait_for_shims()
+        self._stop_shims()
 
-    def _wait_for_shims(self, timeout: float = 60) -> None:
+    def _shims(self) -> list[str]:
+        return [pid for pid in self.members() if "containerd-shim" in _cmdline(pid)]
+
+    def _wait_for_shims(self, timeout: float) -> bool:
         try:
-            wait_for("containerd's shims to exit", lambda: not [
-                pid for pid in self.members() if "containerd-shim" in _cmdline(pid)], timeout)
+            wait_for("containerd's shims to exit", lambda: not self._shims(), timeout)
+            return True
         except TimeoutError:
-            pass
+            return False
+
+    def _stop_shims(self) -> None:
+        """Shims outlive containerd by design (containers survive its restarts). Their tasks are
+        deleted by now, so one still running is only waiting for a shutdown call that can no
+        longer come (seen under load with containerd 2.x): stop it by its PID, as `ctr` would have."""
+        if self._wait_for_shims(10):
+            return
+        shims = self._shims()
+        log(f"stopping containerd shims whose containers are gone: {shims}")
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+            for pid in self._shims():
+                try:
+                    os.kill(int(pid), sig)
+                except OSError:
+                    pass
+            if self._wait_for_shims(wait):
+                return
 
     # ---- teardown ----
     def members(self) -> list[str]:
