@@ -186,10 +186,10 @@ def harness_binary_path(name: str = "current") -> pathlib.Path:
     """Where the harness of one line is cached (keyed by its sources, go.mod/go.sum and Go)."""
     ln = line(name)
     srcs = [ln.gomod, ln.gosum, *sorted((HARNESS_DIR / "cmd" / "harness").glob("*.go"))]
-    # The flags as they read relative to the checkout: an absolute -modfile path in the key made
-    # every clone rebuild the race line (and prune another clone's build).
-    flags = [f.replace(str(ROOT) + os.sep, "") for f in ln.go_flags()]
-    key = _hash(srcs, f"{_go_version(go_env())} {flags}")
+    # The line's go.mod is among `srcs` (hashed under its path relative to the checkout), so the
+    # build tags are all the flags add; the flags themselves hold the checkout's absolute -modfile
+    # path, which made every clone rebuild the race line (and prune another clone's build).
+    key = _hash(srcs, f"{_go_version(go_env())} tags={ln.build_tags}")
     return cache_dir() / "bin" / f"harness-{name}-{ln.kubernetes}-{key}"
 
 
