@@ -18,8 +18,11 @@ from plugin.sources.simulated import load_simulated
 from topo_testkit.fake_nvml import FakeNvml
 
 RECORDED = sorted((pathlib.Path(__file__).parent / "recorded").glob("*.json"))
-#: Compute-instance profile index of a compute instance as large as its GPU instance (slices -> index).
-FULL_CI = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+
+
+def full_ci(slices: int) -> int:
+    """NVML's compute-instance profile index of a compute instance as large as its GPU instance."""
+    return getattr(pynvml, f"NVML_COMPUTE_INSTANCE_PROFILE_{slices}_SLICE")
 
 
 def _profiles(real: dict) -> dict[int, object]:
@@ -39,7 +42,7 @@ def test_our_profile_names_are_the_ones_real_nvml_gives(real):
     offered = {i: p for i, p in _profiles(real).items() if isinstance(p, dict)}
     assert offered, "the recording has MIG profiles"
     for index, p in offered.items():
-        ours = profile_name(index, FULL_CI[p["sliceCount"]], p["memorySizeMB"], real["memory_total_bytes"])
+        ours = profile_name(index, full_ci(p["sliceCount"]), p["memorySizeMB"], real["memory_total_bytes"])
         assert f"MIG {ours}" == p["name"], index
 
 
