@@ -19,21 +19,24 @@ from typing import Any
 import pynvml as nvml
 
 
+def _text(value: Any) -> Any:
+    """NVML's char arrays arrive as bytes or str, depending on the nvidia-ml-py version."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _answer(fn: Any, *args: Any) -> Any:
     """The call's value, or the NVML error it raised as `"NVMLError(<code>: <text>)"`."""
     try:
-        value = fn(*args)
+        return _text(fn(*args))
     except nvml.NVMLError as e:
         return f"NVMLError({e.value}: {e})"
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _profile(info: Any) -> Any:
     if isinstance(info, str):
         return info
-    name = getattr(info, "name", b"")
     return {"id": info.id, "sliceCount": info.sliceCount, "instanceCount": info.instanceCount,
-            "memorySizeMB": info.memorySizeMB, "name": name.decode() if isinstance(name, bytes) else name}
+            "memorySizeMB": info.memorySizeMB, "name": _text(getattr(info, "name", ""))}
 
 
 def _read(path: str, lines: int | None = None) -> Any:
@@ -49,9 +52,8 @@ def record(index: int) -> dict[str, Any]:
     nvml.nvmlInit()
     try:
         h = nvml.nvmlDeviceGetHandleByIndex(index)
-        bus = _answer(nvml.nvmlDeviceGetPciInfo, h)
-        bdf = bus.busId.decode().lower()[-12:] if not isinstance(bus, str) and isinstance(bus.busId, bytes) \
-            else str(getattr(bus, "busId", "")).lower()[-12:]
+        # "00000000:3B:00.0" -> "0000:3b:00.0", as sysfs names it
+        bdf = _text(nvml.nvmlDeviceGetPciInfo(h).busId).lower()[-12:]
         count = int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 18))
         numa = _read(f"/sys/bus/pci/devices/{bdf}/numa_node")
         return {
