@@ -11,7 +11,7 @@ from typing import Any
 from allocator.pairing import pair_label, pair_weight
 from allocator.topology import Device, DeviceKind, NodeTopology
 
-from .resources import Resource
+from .resources import Resource, gpu_id
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -64,7 +64,7 @@ def render_table(topology: NodeTopology, resources: list[Resource], description:
         out.append(f"Resource {r.name}  policy={r.policy}  socket={r.socket_name}  devices={len(r.devices)}")
         if r.kind is DeviceKind.MIG:
             rows = [[d.id, d.device.name, d.device.attributes.get("profile", "-"), _numa(d.numa), d.health,
-                     d.device.uuid or "-"] for d in r.devices]
+                     device_uuid(topology, d.device) or "-"] for d in r.devices]
             out += ["  " + line for line in _table(rows, ["ID", "DEVICE", "PROFILE", "NUMA", "HEALTH", "UUID"])]
         elif r.kind is DeviceKind.GPU:
             rows = [[d.id, d.device.name, _numa(d.numa), d.health, d.device.model or "-",
@@ -95,13 +95,21 @@ def render_table(topology: NodeTopology, resources: list[Resource], description:
     return "\n".join(out) + "\n"
 
 
+def device_uuid(topology: NodeTopology, device: Device) -> str | None:
+    """A GPU's or MIG device's UUID as the plugin advertises it: a simulated one without a `uuid` field gets
+    the stable made-up UUID its device ID is (`resources.gpu_id`, the one place that derives it)."""
+    if device.kind in (DeviceKind.GPU, DeviceKind.MIG):
+        return gpu_id(topology, device, "uuid")
+    return device.uuid
+
+
 def to_data(topology: NodeTopology, resources: list[Resource]) -> dict[str, Any]:
     return {
         "node": topology.source,
         "numaNodes": list(topology.numa_nodes),
         "devices": [
             {"name": d.name, "kind": d.kind.value, "index": d.index, "numa": d.numa, "health": d.health,
-             "uuid": d.uuid, "pciBusId": d.pci_bus_id, "model": d.model, "port": d.port,
+             "uuid": device_uuid(topology, d), "pciBusId": d.pci_bus_id, "model": d.model, "port": d.port,
              "parent": d.parent, "attributes": dict(d.attributes),
              **({"closestNics": dict(zip(("link", "nics"), closest_nics(topology, d)))}
                 if d.kind is DeviceKind.GPU and topology.nics else {})}

@@ -7,6 +7,9 @@ MIG mode is not changed, nothing is reset.
 
 Usage (on the GPU machine; needs nvidia-ml-py, nothing else of the project):
     python3 scripts/nvml_probe.py [GPU_INDEX] > tests/nvml/recorded/<model>-driver-<major>.json
+
+Where NVML cannot answer a call the recording needs (no driver, no such GPU) it prints one line
+naming the call and NVML's error on stderr, writes nothing on stdout, and exits 1.
 """
 
 from __future__ import annotations
@@ -16,7 +19,24 @@ import json
 import sys
 from typing import Any
 
-import pynvml as nvml
+try:
+    import pynvml as nvml
+except ImportError:  # reported by main() in one line
+    nvml = None
+
+
+class ProbeError(Exception):
+    """A call the recording cannot do without failed; the message names the call and NVML's error."""
+
+
+def _must(fn: Any, *args: Any) -> Any:
+    """The call's value; an NVML error becomes a `ProbeError` naming the call, the error code and its text."""
+    try:
+        return fn(*args)
+    except nvml.NVMLError as e:
+        names = [k for k in dir(nvml) if k.startswith("NVML_ERROR_") and getattr(nvml, k) == e.value]
+        code = f"{names[0]} ({e.value})" if names else str(e.value)
+        raise ProbeError(f"{fn.__name__} failed: {code}: {e}") from None
 
 
 def _text(value: Any) -> Any:
@@ -49,11 +69,11 @@ def _read(path: str, lines: int | None = None) -> Any:
 
 
 def record(index: int) -> dict[str, Any]:
-    nvml.nvmlInit()
+    _must(nvml.nvmlInit)
     try:
-        h = nvml.nvmlDeviceGetHandleByIndex(index)
+        h = _must(nvml.nvmlDeviceGetHandleByIndex, index)
         # "00000000:3B:00.0" -> "0000:3b:00.0", as sysfs names it
-        bdf = _text(nvml.nvmlDeviceGetPciInfo(h).busId).lower()[-12:]
+        bdf = _text(_must(nvml.nvmlDeviceGetPciInfo, h).busId).lower()[-12:]
         count = int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 18))
         numa = _read(f"/sys/bus/pci/devices/{bdf}/numa_node")
         return {
@@ -62,7 +82,7 @@ def record(index: int) -> dict[str, Any]:
             "driver": _answer(nvml.nvmlSystemGetDriverVersion),
             "nvml": _answer(nvml.nvmlSystemGetNVMLVersion),
             "name": _answer(nvml.nvmlDeviceGetName, h),
-            "memory_total_bytes": nvml.nvmlDeviceGetMemoryInfo(h).total,
+            "memory_total_bytes": _must(nvml.nvmlDeviceGetMemoryInfo, h).total,
             "mig_mode": _answer(nvml.nvmlDeviceGetMigMode, h),
             "max_mig_device_count": _answer(nvml.nvmlDeviceGetMaxMigDeviceCount, h),
             "sysfs_numa_node": numa[0] if isinstance(numa, list) and numa else numa,
@@ -75,6 +95,25 @@ def record(index: int) -> dict[str, Any]:
         nvml.nvmlShutdown()
 
 
-if __name__ == "__main__":
-    json.dump(record(int(sys.argv[1]) if len(sys.argv) > 1 else 0), sys.stdout, indent=1)
+def main(argv: list[str]) -> int:
+    if nvml is None:
+        print("nvml_probe.py: the NVML bindings are missing (fix: pip install nvidia-ml-py)", file=sys.stderr)
+        return 1
+    try:
+        index = int(argv[0]) if argv else 0
+    except ValueError:
+        print(f"nvml_probe.py: GPU_INDEX must be a whole number, not {argv[0]!r}", file=sys.stderr)
+        return 2
+    try:
+        data = record(index)
+    except ProbeError as e:
+        print(f"nvml_probe.py: {e} (fix: run it on a machine with the NVIDIA driver, for a GPU index "
+              "nvidia-smi lists)", file=sys.stderr)
+        return 1
+    json.dump(data, sys.stdout, indent=1)
     print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

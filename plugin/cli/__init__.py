@@ -15,10 +15,11 @@ from .allocate import allocate
 from .demo import demo
 from .discover import discover
 from .explain import explain
+from .routing import Group
 from .serve import serve
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="topo-device-plugin")
 def cli() -> None:
     """Topology-aware Kubernetes device plugin for GPUs and high-performance NICs."""

@@ -24,7 +24,7 @@ from allocator.scoring import evaluate, rank
 from allocator.topology import DeviceGraph, NodeTopology
 
 from ..resources import Resource, build_resources
-from .options import Settings, make_source, resource_options, with_settings
+from .options import Settings, make_source, option, resource_options, with_settings
 from .routing import Command
 
 #: Above this many candidates `allocate` does not enumerate a runner-up.
@@ -190,19 +190,23 @@ def runner_up(graph: DeviceGraph, policy: str, available: Sequence[str], must_in
     }
 
 
-@click.command(cls=Command)
+@click.command(cls=Command, examples=(
+    "topo-device-plugin allocate --simulate dgx-a100 --device-id-strategy index --size 2 --available 0,1,2,4,5",
+))
 @with_settings("allocate")
-@click.option("--size", type=click.IntRange(min=1), required=True, help="allocation_size: how many devices.")
-@click.option("--available", "available_opt", multiple=True, metavar="IDS",
-              help="available_deviceIDs, comma-separated (default: every healthy device of the resource).")
-@click.option("--must-include", "must_opt", multiple=True, metavar="IDS",
-              help="must_include_deviceIDs, comma-separated.")
-@click.option("--resource", "resource_name", default=None, metavar="NAME",
-              help="Which resource (default: the GPU resource, else the first one served).")
-@click.option("--with", "with_opt", multiple=True, metavar="RESOURCE=IDS",
-              help="Partners: devices of another resource the container already got, e.g. nvidia.com/gpu=0,1 "
-                   "(repeatable); the answer pairs with them as the daemon's would.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@option("--size", type=click.IntRange(min=1), required=True,
+        help="How many devices the container asks for (the kubelet's allocation size).")
+@option("--available", "available_opt", multiple=True, metavar="IDS",
+        help="The free devices to choose from, comma-separated (default: every healthy device of the resource).")
+@option("--must-include", "must_opt", multiple=True, metavar="IDS",
+        help="Devices the answer must contain, comma-separated (the kubelet's must-include list).")
+@option("--resource", "resource_name", default=None, metavar="NAME",
+        help="Which resource (default: the GPU resource, else the first one served).")
+@option("--with", "with_opt", multiple=True, metavar="RESOURCE=IDS",
+        help="Partners: devices of another resource the container already got, e.g. nvidia.com/gpu=0,1 "
+             "(repeatable); the answer pairs with them as the daemon's would.")
+@option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+        help="text: the answer and why, for people; json: every number of the answer, for scripts.")
 def allocate(settings: Settings, size: int, available_opt: tuple[str, ...], must_opt: tuple[str, ...],
              resource_name: str | None, with_opt: tuple[str, ...], fmt: str) -> None:
     """The set GetPreferredAllocation would return, with its NUMA span and scores, and why."""

@@ -26,7 +26,7 @@ from ..demo.device_manager import StandinDeviceManager, pod
 from ..demo.kubelet_standin import KubeletStandin
 from ..logging_setup import setup_logging
 from ..render import plural
-from .options import Settings, make_source, resource_options, with_settings
+from .options import Settings, make_source, option, resource_options, with_settings
 from .routing import Command
 
 
@@ -34,66 +34,73 @@ async def _demo(settings: Settings, hold: float, out) -> int:
     with tempfile.TemporaryDirectory(prefix="topo-dp-demo-") as tmp:
         kubelet = KubeletStandin(tmp)
         await kubelet.start()
-        out(f"kubelet stand-in listening on {kubelet.socket_path}")
-        source = make_source(settings)
-        started = time.monotonic()
-        cdi_dir = os.path.join(tmp, "cdi")  # the demo's stand-in for /var/run/cdi
-        daemon = Daemon(source, DaemonOptions(plugin_dir=tmp, cdi_spec_dir=cdi_dir), resource_options(settings))
-        stop = asyncio.Event()
-        task = asyncio.create_task(daemon.run(stop, install_signals=False))
         try:
-            started_wait = asyncio.create_task(daemon.started.wait())
-            await asyncio.wait([started_wait, task], return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                started_wait.cancel()
-                return task.result()  # raises what stopped the daemon before it served
-            names = list(daemon.servers)
-            await kubelet.wait_for(lambda: all(kubelet.devices(n) for n in names), timeout=15)
-            out(f"registered in {1000 * (time.monotonic() - started):.0f} ms: "
-                + ", ".join(f"{r.resource} (endpoint {r.endpoint})" for r in kubelet.registrations))
-            for name in names:
-                devs = kubelet.devices(name)
-                out(f"\n{name}: {plural(len(devs), 'device')} from ListAndWatch")
-                for d in devs.values():
-                    numa = ",".join(map(str, d.numa)) or "none"
-                    out(f"  {d.id:<42} {d.health:<9} NUMA {numa}")
-            gpu = settings["gpu_resource_name"]
-            family = [n for n in names if daemon.servers[n].service.resource.kind in (DeviceKind.GPU, DeviceKind.MIG)]
-            gpu_taken: list[str] = []
-            for name in family:
-                ids = list(kubelet.devices(name))
-                for size in (1, 2, 4) if name == gpu else (min(2, len(ids)),):
-                    if size <= len(ids):
-                        pick = await kubelet.preferred(name, ids, [], size)
-                        out(f"\n{name}: GetPreferredAllocation(size={size}, all free) -> {', '.join(pick)}")
-                pick = await kubelet.preferred(name, ids, [], min(2, len(ids)))
-                resp = await kubelet.allocate(name, pick)
-                out(f"Allocate({', '.join(pick)}) -> envs {dict(resp.envs)}"
-                    + (f", devices {[d.host_path for d in resp.devices]}" if resp.devices else "")
-                    + (f", cdi {[c.name for c in resp.cdi_devices]}" if resp.cdi_devices else "")
-                    + (f", annotations {dict(resp.annotations)}" if resp.annotations else ""))
-                if name == gpu:
-                    gpu_taken = pick
-            nics = [n for n in names if daemon.servers[n].service.resource.kind is DeviceKind.NIC]
-            if gpu in names and nics:
-                await _paired_pod(daemon, kubelet, gpu, nics[0], gpu_taken, out)
-            specs = sorted(os.listdir(cdi_dir)) if os.path.isdir(cdi_dir) else []
-            if specs:
-                out(f"\nCDI specs written to {cdi_dir}: {', '.join(specs)}")
-            if hold:
-                out(f"\nserving for {hold:.0f} s (Ctrl-C to stop)...")
-                try:
-                    await asyncio.wait_for(asyncio.shield(task), timeout=hold)
-                except asyncio.TimeoutError:
-                    pass
+            return await _transcript(settings, kubelet, tmp, hold, out)
         finally:
-            stop.set()
+            await kubelet.stop()  # also when the transcript fails early (a closed stdout, a bad option)
+
+
+async def _transcript(settings: Settings, kubelet: KubeletStandin, tmp: str, hold: float, out) -> int:
+    out(f"kubelet stand-in listening on {kubelet.socket_path}")
+    source = make_source(settings)
+    started = time.monotonic()
+    cdi_dir = os.path.join(tmp, "cdi")  # the demo's stand-in for /var/run/cdi
+    daemon = Daemon(source, DaemonOptions(plugin_dir=tmp, cdi_spec_dir=cdi_dir), resource_options(settings))
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop, install_signals=False))
+    try:
+        started_wait = asyncio.create_task(daemon.started.wait())
+        await asyncio.wait([started_wait, task], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            started_wait.cancel()
+            return task.result()  # raises what stopped the daemon before it served
+        names = list(daemon.servers)
+        await kubelet.wait_for(lambda: all(kubelet.devices(n) for n in names), timeout=15)
+        out(f"registered in {1000 * (time.monotonic() - started):.0f} ms: "
+            + ", ".join(f"{r.resource} (endpoint {r.endpoint})" for r in kubelet.registrations))
+        for name in names:
+            devs = kubelet.devices(name)
+            out(f"\n{name}: {plural(len(devs), 'device')} from ListAndWatch")
+            for d in devs.values():
+                numa = ",".join(map(str, d.numa)) or "none"
+                out(f"  {d.id:<42} {d.health:<9} NUMA {numa}")
+        gpu = settings["gpu_resource_name"]
+        family = [n for n in names if daemon.servers[n].service.resource.kind in (DeviceKind.GPU, DeviceKind.MIG)]
+        gpu_taken: list[str] = []
+        for name in family:
+            ids = list(kubelet.devices(name))
+            for size in (1, 2, 4) if name == gpu else (min(2, len(ids)),):
+                if size <= len(ids):
+                    pick = await kubelet.preferred(name, ids, [], size)
+                    out(f"\n{name}: GetPreferredAllocation(size={size}, all free) -> {', '.join(pick)}")
+            pick = await kubelet.preferred(name, ids, [], min(2, len(ids)))
+            resp = await kubelet.allocate(name, pick)
+            out(f"Allocate({', '.join(pick)}) -> envs {dict(resp.envs)}"
+                + (f", devices {[d.host_path for d in resp.devices]}" if resp.devices else "")
+                + (f", cdi {[c.name for c in resp.cdi_devices]}" if resp.cdi_devices else "")
+                + (f", annotations {dict(resp.annotations)}" if resp.annotations else ""))
+            if name == gpu:
+                gpu_taken = pick
+        nics = [n for n in names if daemon.servers[n].service.resource.kind is DeviceKind.NIC]
+        if gpu in names and nics:
+            await _paired_pod(daemon, kubelet, gpu, nics[0], gpu_taken, out)
+        specs = sorted(os.listdir(cdi_dir)) if os.path.isdir(cdi_dir) else []
+        if specs:
+            out(f"\nCDI specs written to {cdi_dir}: {', '.join(specs)}")
+        if hold:
+            out(f"\nserving for {hold:.0f} s (Ctrl-C to stop)...")
             try:
-                code = await task  # re-raises what stopped the daemon (a bad --simulate file: exit 2)
-            finally:
-                await kubelet.stop()
-        out(f"\ndaemon stopped (exit {code}); sockets removed")
-        return code
+                await asyncio.wait_for(asyncio.shield(task), timeout=hold)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        stop.set()
+        try:
+            code = await task  # re-raises what stopped the daemon (a bad --simulate file: exit 2)
+        finally:
+            await kubelet.stop()
+    out(f"\ndaemon stopped (exit {code}); sockets removed")
+    return code
 
 
 async def _paired_pod(daemon: Daemon, kubelet: KubeletStandin, gpu: str, nic: str, taken: list[str],
@@ -112,13 +119,12 @@ async def _paired_pod(daemon: Daemon, kubelet: KubeletStandin, gpu: str, nic: st
     out("  pairs: " + (", ".join(f"{d} ~ {p.split('=', 1)[1]} {pair_label(w)}" for d, p, w in pairs) or "none"))
 
 
-@click.command(cls=Command)
+@click.command(cls=Command, examples=("topo-device-plugin demo --simulate dgx-h100",))
 @with_settings("demo")
-@click.option("--hold", type=float, default=0.0, show_default=True,
-              help="Keep serving this many seconds after the transcript.")
-@click.option("--hardware", is_flag=True,
-              help="Serve this node's own devices (NVML GPUs, sysfs NICs) instead of a simulated node: "
-                   "a smoke test of a GPU node without a kubelet.")
+@option("--hold", type=float, default=0.0, help="Keep serving this many seconds after the transcript.")
+@option("--hardware", is_flag=True,
+        help="Serve this node's own devices (NVML GPUs, sysfs NICs) instead of a simulated node: "
+             "a smoke test of a GPU node without a kubelet.")
 def demo(settings: Settings, hold: float, hardware: bool) -> None:
     """Serve a simulated node to a kubelet stand-in in a temp dir and show what the kubelet sees."""
     if hardware and settings["simulate"]:

@@ -10,20 +10,30 @@ import yaml
 from ..render import render_dot, render_table, to_data
 from ..resources import build_resources
 from ..sources import builtin_names
-from .options import Settings, make_source, resource_options, with_settings
+from ..sources.simulated import builtin_text
+from .options import Settings, make_source, option, resource_options, with_settings
 from .routing import Command
 
 
-@click.command(cls=Command)
+def builtin_description(name: str) -> str:
+    """The one-line `metadata.description` of a built-in node file (its own words, kept with its data)."""
+    data = yaml.safe_load(builtin_text(name)) or {}
+    return str((data.get("metadata") or {}).get("description") or "").strip()
+
+
+@click.command(cls=Command, examples=("topo-device-plugin discover --simulate dgx-a100 --format json",))
 @with_settings("discover")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "yaml", "dot"]), default="table",
-              show_default=True)
-@click.option("--list-builtins", is_flag=True, help="List the built-in simulated nodes and exit.")
+@option("--format", "fmt", type=click.Choice(["table", "json", "yaml", "dot"]), default="table",
+        help="table: devices, resources and the link matrix as `nvidia-smi topo -m` prints it; json/yaml: the "
+             "same as data; dot: the topology for Graphviz (`| dot -Tsvg`).")
+@option("--list-builtins", is_flag=True, help="List the built-in simulated nodes, each with what it models, and exit.")
 def discover(settings: Settings, fmt: str, list_builtins: bool) -> None:
     """Print devices, IDs, NUMA nodes, health, pools and the link matrix."""
     if list_builtins:
-        for name in builtin_names():
-            click.echo(name)
+        names = builtin_names()
+        width = max(map(len, names), default=0)
+        for name in names:
+            click.echo(f"{name:<{width}}  {builtin_description(name)}".rstrip())
         return
     source = make_source(settings)
     topology = source.load()

@@ -320,26 +320,30 @@ def _case_text(a: dict[str, Any]) -> str:
     }.get(a["case"], a["case"] or "-")
 
 
-@click.command(cls=Command)
+@click.command(cls=Command, examples=(
+    "topo-device-plugin explain --simulate dgx-a100 --device-id-strategy index --policy restricted "
+    "--request nvidia.com/gpu=4 --allocated 0,1,4,5",
+))
 @with_settings("explain")
 @option("--policy", "tm_policy", type=click.Choice(POLICIES), required=True,
         help="The kubelet's --topology-manager-policy.")
 @option("--scope", "tm_scope", type=click.Choice(SCOPES), default="container",
         help="The kubelet's --topology-manager-scope.")
-@click.option("--request", "requests", multiple=True, metavar="RESOURCE=N", required=True,
-              help="Limit of the pod's container, e.g. nvidia.com/gpu=4 (repeat for more resources).")
-@click.option("--init-request", "init_requests", multiple=True, metavar="RESOURCE=N",
-              help="Give the pod one init container with these limits (its devices are then reused).")
-@click.option("--allocated", "allocated", multiple=True, metavar="IDS",
-              help="Device IDs already held by other pods: 0,1,4,5 or RESOURCE=IDS (repeatable).")
-@click.option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE",
-              help="A --topology-manager-policy-options entry, e.g. prefer-closest-numa-nodes=true.")
-@click.option("--with", "with_opt", multiple=True, metavar="RESOURCE=IDS",
-              help="Partners: devices of other resources the first container got just before, e.g. "
-                   "nvidia.com/gpu=0,1 (repeatable). A container's own resources pair by themselves "
-                   "(in the order of --request; the kubelet's order is random).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--fail-on-reject", is_flag=True, help="Exit 1 when the pod would be rejected.")
+@option("--request", "requests", multiple=True, metavar="RESOURCE=N", required=True,
+        help="Limit of the pod's container, e.g. nvidia.com/gpu=4 (repeat for more resources).")
+@option("--init-request", "init_requests", multiple=True, metavar="RESOURCE=N",
+        help="Give the pod one init container with these limits (its devices are then reused).")
+@option("--allocated", "allocated", multiple=True, metavar="IDS",
+        help="Device IDs already held by other pods: 0,1,4,5 or RESOURCE=IDS (repeatable).")
+@option("--policy-option", "policy_options", multiple=True, metavar="KEY=VALUE",
+        help="A --topology-manager-policy-options entry, e.g. prefer-closest-numa-nodes=true.")
+@option("--with", "with_opt", multiple=True, metavar="RESOURCE=IDS",
+        help="Partners: devices of other resources the first container got just before, e.g. "
+             "nvidia.com/gpu=0,1 (repeatable). A container's own resources pair by themselves "
+             "(in the order of --request; the kubelet's order is random).")
+@option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+        help="text: hints, merge, decision and devices, for people; json: the same data, for scripts.")
+@option("--fail-on-reject", is_flag=True, help="Exit 1 when the pod would be rejected.")
 def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[str, ...],
             init_requests: tuple[str, ...], allocated: tuple[str, ...], policy_options: tuple[str, ...],
             with_opt: tuple[str, ...], fmt: str, fail_on_reject: bool) -> None:

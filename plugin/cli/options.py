@@ -32,10 +32,13 @@ log = logging.getLogger(__name__)
 
 
 def option(*decls: str, **kw: Any) -> Callable:
-    """A command's own click option that also reads TOPO_DP_<OPTION> (for what-if arguments, not settings)."""
+    """A command's own click option that also reads TOPO_DP_<OPTION> (for what-if arguments, not settings).
+
+    Every option of every command reads its variable, so "every option reads TOPO_DP_<OPTION>" holds
+    without exceptions; the help states the rule once (`help.py`) instead of on each option.
+    """
     name = re.sub(r"^-+", "", [d for d in decls if d.startswith("--")][0]).split("/")[0].replace("-", "_")
     kw.setdefault("envvar", "TOPO_DP_" + name.upper())
-    kw.setdefault("show_envvar", True)
     kw.setdefault("show_default", True)
     return click.option(*decls, **kw)
 
@@ -71,7 +74,7 @@ def click_option(o: Option, command: str) -> Callable:
     if o.param:
         decls.append(o.param)
     default = o.default_for(command)
-    kw: dict[str, Any] = {"default": default, "help": o.help, "envvar": o.env, "show_envvar": True}
+    kw: dict[str, Any] = {"default": default, "help": o.help, "envvar": o.env}
     if o.default_text:
         kw["show_default"] = o.default_text
     elif default is not None:

@@ -2,7 +2,8 @@
 
 Bad input exits 2 with its message (file, field, fix), a runtime failure exits
 1 with its message, and anything else is a bug: its traceback is printed and
-the exit code is 1, never "bad input".
+the exit code is 1, never "bad input". A reader closing our output
+(`... | head -1`) is neither: a quiet exit (`pipes.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 import click
 
 from ..errors import InputError, RuntimeFailure
+from .help import SectionedCommand
+from .pipes import quiet_on_closed_pipe
 
 
 class BadInput(click.ClickException):
@@ -21,12 +24,13 @@ class BadInput(click.ClickException):
     exit_code = 2
 
 
-class Command(click.Command):
-    """A click command that routes the program's errors to exit codes."""
+class Command(SectionedCommand):
+    """A click command that routes the program's errors to exit codes (and lays out its help, `help.py`)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with quiet_on_closed_pipe():
+                return super().invoke(ctx)
         except InputError as e:
             raise BadInput(str(e)) from None
         except RuntimeFailure as e:
@@ -37,3 +41,16 @@ class Command(click.Command):
             click.echo(traceback.format_exc(), err=True, nl=False)
             raise click.ClickException(f"internal error (a bug, please report it with the traceback above): "
                                        f"{type(e).__name__}: {e}") from None
+
+
+class Group(click.Group):
+    """The top-level group: a closed pipe while it prints help or usage is a quiet exit too."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        with quiet_on_closed_pipe():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with quiet_on_closed_pipe():  # a command's own --help is printed while the group invokes it
+            return super().invoke(ctx)

@@ -51,7 +51,7 @@ def dra_factory(settings: Settings) -> DraFactory:
     return make
 
 
-@click.command(cls=Command)
+@click.command(cls=Command, examples=("topo-device-plugin serve --simulate dgx-h100 --device-plugin-path /tmp/dp",))
 @with_settings("serve")
 def serve(settings: Settings) -> None:
     """Run the device plugin daemon until SIGTERM/SIGINT."""

@@ -23,6 +23,7 @@ from ..errors import InputError
 from . import nvidia
 from .flags import flags_schema
 from .sharing import TimeSlicing, parse_sharing
+from .suggest import unknown_keys_fix
 
 
 class ConfigError(InputError):
@@ -70,7 +71,7 @@ def parse_config(text: str, path: str) -> Config:
     except yaml_input.YamlProblem as e:
         raise _error(path, e) from None
     if bad is not None:
-        hint = ("remove or rename the unknown field" if bad.validator == "additionalProperties"
+        hint = (unknown_keys_fix(_schema(), data, bad.path) if bad.validator == "additionalProperties"
                 else "see docs/configuration.md")
         raise ConfigError(f"{path}:{bad.line}: field {bad.field}: {bad.message} (fix: {hint})")
     try:

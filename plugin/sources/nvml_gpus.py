@@ -63,10 +63,11 @@ __all__ = [
 ]
 
 SOURCE = "nvml"
-_INIT_FIX = (
-    "run on a node with the NVIDIA driver and expose libnvidia-ml.so.1 to the container "
-    "(nvidia runtime class or CDI), or pass --no-fail-on-init-error (flags.failOnInitError: false) to serve zero GPUs on nodes without them"
-)
+#: The part of the fix that only helps while fail-on-init-error is on (it is not repeated to whoever turned it off).
+_CARRY_ON = (", or pass --no-fail-on-init-error (flags.failOnInitError: false) to serve zero GPUs on nodes "
+             "without them")
+_INIT_FIX = ("run on a node with the NVIDIA driver and expose libnvidia-ml.so.1 to the container "
+             "(nvidia runtime class or CDI)" + _CARRY_ON)
 
 
 class DiscoveryError(RuntimeFailure):
@@ -359,7 +360,8 @@ class NvmlGpuSource:
                 raise
             self.init_error = e
             log.error("GPU discovery failed; serving zero GPUs (fail-on-init-error is off)",
-                      extra={"reason": str(e)})
+                      extra={"reason": f"{e.source}: {e.detail}",
+                             **({"fix": e.fix.removesuffix(_CARRY_ON)} if e.fix else {})})
             return [], {}
         self.init_error = None
         return result
