@@ -31,6 +31,21 @@ from ..sources.base import TopologySource
 log = logging.getLogger(__name__)
 
 
+class EnvOption(click.Option):
+    """An option whose bad value, when it came from TOPO_DP_<OPTION>, is reported with the variable's name.
+
+    The help states the environment rule once instead of on every option (`help.py`), so the error must
+    say where a value nobody typed came from.
+    """
+
+    def get_error_hint(self, ctx: click.Context | None) -> str:
+        hint = super().get_error_hint(ctx)
+        if ctx is not None and isinstance(self.envvar, str) and \
+                ctx.get_parameter_source(self.name or "") is ParameterSource.ENVIRONMENT:
+            hint += f" (from the environment variable {self.envvar})"
+        return hint
+
+
 def option(*decls: str, **kw: Any) -> Callable:
     """A command's own click option that also reads TOPO_DP_<OPTION> (for what-if arguments, not settings).
 
@@ -40,7 +55,7 @@ def option(*decls: str, **kw: Any) -> Callable:
     name = re.sub(r"^-+", "", [d for d in decls if d.startswith("--")][0]).split("/")[0].replace("-", "_")
     kw.setdefault("envvar", "TOPO_DP_" + name.upper())
     kw.setdefault("show_default", True)
-    return click.option(*decls, **kw)
+    return click.option(*decls, cls=EnvOption, **kw)
 
 
 class _Address(click.ParamType):
@@ -74,7 +89,7 @@ def click_option(o: Option, command: str) -> Callable:
     if o.param:
         decls.append(o.param)
     default = o.default_for(command)
-    kw: dict[str, Any] = {"default": default, "help": o.help, "envvar": o.env}
+    kw: dict[str, Any] = {"default": default, "help": o.help, "envvar": o.env, "cls": EnvOption}
     if o.default_text:
         kw["show_default"] = o.default_text
     elif default is not None:
