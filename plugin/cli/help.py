@@ -19,8 +19,8 @@ import click
 from ..config.flags import options_for
 
 NODE_HEADING = "Node and daemon options"
-NODE_NOTE = ("Shared by every command that looks at a node; each can also be set in the config file's "
-             "flags: (camelCase, e.g. flags.deviceIdStrategy).")
+NODE_NOTE = ("Which node, and how its devices are served. Each, --config aside, "
+             "can also be set in the config file's flags: (camelCase, e.g. flags.deviceIdStrategy).")
 ENV_NOTE = ("Every option also reads the environment variable TOPO_DP_<OPTION> (e.g. --{flag}: TOPO_DP_{env}). "
             "Precedence: flag > environment > config file > default.")
 
