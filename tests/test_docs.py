@@ -379,5 +379,5 @@ def test_checkers_pass_a_good_doc_and_check_output(tmp_path):
     assert run_block(block, expected, cwd=tmp_path) == []
     expected.body = ["three", "one"]
     assert "no longer print 'one'" in run_block(block, expected, cwd=tmp_path)[0]
-    expected.body = ["two ... two"]
+    expected.body = ["two...two"]
     assert run_block(block, expected, cwd=tmp_path) == []
