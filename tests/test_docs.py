@@ -12,7 +12,7 @@ Checked in README.md, docs/*.md and charts/topo-device-plugin/README.md:
   error;
 - every **runnable** command block runs and exits as the doc says.
 
-The runnable convention (also in docs/README of the docs, "Docs that run"):
+The runnable convention (README.md says it too, under "Documentation"):
 
     ```sh runnable
     topo-device-plugin allocate --simulate dgx-1-v100 --size 2
@@ -30,8 +30,9 @@ The runnable convention (also in docs/README of the docs, "Docs that run"):
   any text, and a line that is only `...` stands for lines left out. stderr must hold no Python
   traceback.
 
-Runnable blocks must stay fast (simulated nodes only: `discover`, `allocate`, `explain` with
-`--simulate`, about a second each): they must never touch the host (no `serve`, no files written).
+Runnable blocks must stay fast (simulated nodes only: `discover`, `allocate`, `explain`, `demo` with
+`--simulate`, about a second each) and must leave nothing behind on the host: no `serve`, no file
+written outside a temporary directory.
 
 The committed picture `docs/img/dgx-1-v100.svg` is checked too: its source `.dot` beside it must
 equal what `discover --format dot` prints today, and the SVG must draw exactly the nodes and edges
@@ -243,7 +244,8 @@ def output_problems(expected: Block, stdout: str) -> list[str]:
 def run_block(block: Block, expected: Block | None, cwd: pathlib.Path = ROOT) -> list[str]:
     """Run the block's commands as the convention says; the problems found (empty: as documented)."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env = {k: v for k, v in env.items() if not k.startswith("TOPO_DP_")} | {"NO_COLOR": "1"}
+    # The reader's shell has no TOPO_DP_* options set; the test session's private CDI directory stays.
+    env = {k: v for k, v in env.items() if not k.startswith("TOPO_DP_") or k == "TOPO_DP_CDI_SPEC_DIR"}
     problems = []
     stdout = ""
     cmds = commands(block)
@@ -301,6 +303,33 @@ def test_the_docs_have_runnable_examples():
 @pytest.mark.parametrize("block,expected", RUNNABLE, ids=[b.where for b, _ in RUNNABLE])
 def test_runnable_block_runs_as_documented(block, expected):
     assert run_block(block, expected) == []
+
+
+# -- the CLI's legend --------------------------------------------------------------------------------
+def _cli(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "plugin", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("allocate", "--simulate", "dgx-h100", "--device-id-strategy", "index", "--resource", "topo.dev/nic", "--size", "2",
+     "--with", "nvidia.com/gpu=2,6"),
+    ("explain", "--simulate", "dgx-a100", "--device-id-strategy", "index", "--policy", "best-effort",
+     "--request", "nvidia.com/gpu=4", "--allocated", "0,1,4"),
+], ids=["allocate", "explain"])
+def test_the_terms_the_cli_prints_are_explained_where_its_legend_points(args):
+    """The output names a doc of the repository, and that doc explains every term of the legend."""
+    out = _cli(*args)
+    [legend] = [ln for ln in out.splitlines() if ln.startswith("Terms: ")]
+    doc = re.search(r"\b(docs/[\w-]+\.md)\b", legend)
+    assert doc and (ROOT / doc[1]).is_file(), legend
+    text = (ROOT / doc[1]).read_text()
+    terms = [t.strip() for t in legend.removeprefix("Terms: ").split(" are explained")[0].split(", ")]
+    terms = [w for t in terms for w in (("Case A", "Case B") if t.startswith("Case A/B") else (t,))]
+    assert len(terms) >= 3 and all(w in out or w.startswith("Case") for w in terms), (terms, out)
+    assert [w for w in terms if w not in text] == [], f"{doc[1]} does not explain these terms"
 
 
 # -- the picture ----------------------------------------------------------------------------------
