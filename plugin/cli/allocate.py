@@ -148,6 +148,9 @@ _PAIRED_CRITERIA = {
     "spread": (("span", "smaller"), ("pairing", "larger"), *_CRITERIA["spread"][1:]),
     "packed": (("span", "smaller"), ("pairing", "larger"), *_CRITERIA["packed"][1:]),
 }
+#: Where the printed terms are explained (the repository's docs/allocation.md).
+ALLOCATE_LEGEND = "Terms: NUMA span, W(S), W(A\\S)"
+LEGEND_WHERE = " are explained in docs/allocation.md of topo-device-plugin"
 _LABELS = {"span": "NUMA span", "score": "W(S)", "left_score": "W(A\\S)", "ports": "ports",
            "pairing": "pairing X(S,P)"}
 
@@ -320,4 +323,5 @@ def render_allocate(data: dict[str, Any]) -> str:
         lines.append(f"Why: (no runner-up search above {RUNNER_UP_LIMIT} candidates)")
     else:
         lines.append("Why: it is the only possible set")
+    lines.append(ALLOCATE_LEGEND + (", X(S,P)" if data["partners"] else "") + LEGEND_WHERE)
     return "\n".join(lines)

@@ -208,6 +208,8 @@ def render_explain(data: dict[str, Any]) -> str:
             lines += _allocation_lines(allocs.get(c["name"], []))
     for container, pairs in data.get("pairs", {}).items():
         lines.append(f"GPU-NIC pairs of container {container!r}: {pairs_text(pairs)}")
+    if data["allocations"]:
+        lines.append(EXPLAIN_LEGEND)
     lines.append("")
     if data["admit"]:
         lines.append("Result: ADMITTED")
@@ -308,6 +310,11 @@ def _allocation_lines(allocs: list[dict[str, Any]]) -> list[str]:
             lines.append("      (the kubelet fills part of this set in random order; another run may "
                          "pick other devices from the same bucket)")
     return lines
+
+
+#: Where Case A/B, W(S) and X(S,P) are explained (the repository's docs/allocation.md).
+EXPLAIN_LEGEND = ("Terms: Case A/B (the kubelet's devicesToAllocate), W(S), X(S,P) are explained in "
+                  "docs/allocation.md of topo-device-plugin")
 
 
 def _case_text(a: dict[str, Any]) -> str:
