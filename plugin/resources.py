@@ -15,7 +15,6 @@ names devices through CDI specs we write, each resource's spec
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -29,6 +28,7 @@ from .cdi_names import CdiNamingBuilder
 from .config.sharing import TimeSlicing
 from .errors import OptionError
 from .gpu_allocate import GpuAllocateBuilder, GpuAllocateOptions
+from .identity import device_uuid, simulated_uuid
 from .mig_strategy import GpuGroup, group_gpus
 from .nic_pools.pools import NicPool, default_pool
 from .resource_names import check_resource_name
@@ -42,7 +42,6 @@ __all__ = [
 
 ID_STRATEGIES = ("uuid", "index")
 MIG_STRATEGIES = ("none", "single", "mixed")
-_UUID_NS = uuid.UUID("6f1c3b9e-2a41-4d3f-9b7e-0c5d8e4f1a22")
 
 
 class AllocateBuilder(Protocol):
@@ -128,20 +127,15 @@ class ResourceOptions:
             check_resource_name(p.resource_name)
 
 
-def simulated_uuid(source: str, name: str) -> str:
-    """A stable made-up GPU UUID: the same node source and device always give the same ID."""
-    return "GPU-" + str(uuid.uuid5(_UUID_NS, f"{source}/{name}"))
-
-
 def gpu_id(topology: NodeTopology, device: Device, strategy: str) -> str:
     """The plugin ID of a GPU (UUID or NVML index) or MIG device (MIG UUID or NVIDIA's `<gpu>:<mig>` index)."""
     if device.kind is DeviceKind.MIG:
         if strategy == "index":
             return device.attributes.get("index") or f"{topology.device(device.parent or '').index}:{device.index}"
-        return device.uuid or "MIG-" + simulated_uuid(topology.source, device.name)[len("GPU-"):]
+        return device_uuid(topology.source, device)
     if strategy == "index":
         return str(device.index)
-    return device.uuid or simulated_uuid(topology.source, device.name)
+    return device_uuid(topology.source, device)
 
 
 def _resource(

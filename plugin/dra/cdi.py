@@ -46,10 +46,16 @@ class ClaimCdi(Protocol):
 
 
 def device_env(name: str, d: Device) -> list[str]:
-    """What a container learns about each of its claim's devices (GPU UUID, NIC PCI address and netdev)."""
+    """What a container learns about each of its claim's devices (GPU UUID, NIC PCI address and netdev).
+
+    A GPU's value is the `uuid` its slice publishes: `d` comes from `slices.device_table`, which
+    gives every GPU that UUID (`plugin.identity`), also a simulated one without its own.
+    """
     key = _ENV_BAD.sub("_", name).upper()
-    if d.kind is DeviceKind.GPU:
-        return [f"TOPO_DEV_{key}={d.uuid or d.name}"]
+    if d.kind in (DeviceKind.GPU, DeviceKind.MIG):
+        if not d.uuid:
+            raise ValueError(f"device {name} ({d.name}) has no UUID: take it from slices.device_table")
+        return [f"TOPO_DEV_{key}={d.uuid}"]
     env = [f"TOPO_DEV_{key}={d.pci_bus_id or d.name}"]
     if d.attributes.get("netdev"):
         env.append(f"TOPO_DEV_{key}_NETDEV={d.attributes['netdev']}")

@@ -31,12 +31,12 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from allocator.topology import Device, DeviceKind, NodeTopology
 
-from ..resources import simulated_uuid
+from ..identity import device_uuid
 from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
 
 API_VERSION = "resource.k8s.io/v1"
@@ -160,7 +160,7 @@ def _gpu_attributes(topology: NodeTopology, d: Device) -> tuple[dict[str, Any], 
     attrs: dict[str, Any] = {
         "type": _s("gpu"),
         "index": {"int": d.index},
-        "uuid": _s(d.uuid or simulated_uuid(topology.source, d.name)),
+        "uuid": _s(device_uuid(topology.source, d)),
     }
     if d.model:
         attrs["model"] = _s(d.model)
@@ -270,5 +270,15 @@ def build_resource_slices(
 
 
 def device_table(topology: NodeTopology, options: SliceOptions) -> dict[str, Device]:
-    """{slice device name: Device} for the devices this driver serves (healthy or not)."""
-    return {device_name(d): d for d in topology.devices if options.include(d)}
+    """{slice device name: Device} for the devices this driver serves (healthy or not).
+
+    Every GPU carries the UUID its slice publishes (`plugin.identity`), also a simulated one that
+    has none of its own: what prepare puts in the container must be what a claim selected on.
+    """
+    return {device_name(d): _with_uuid(topology, d) for d in topology.devices if options.include(d)}
+
+
+def _with_uuid(topology: NodeTopology, d: Device) -> Device:
+    if d.kind not in (DeviceKind.GPU, DeviceKind.MIG) or d.uuid:
+        return d
+    return replace(d, uuid=device_uuid(topology.source, d))

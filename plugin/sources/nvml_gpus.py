@@ -48,7 +48,7 @@ from allocator.topology import HEALTHY, UNHEALTHY, Device, DeviceKind, Link, Lin
 from ..health import GpuHealthOptions, watch_gpu_health
 from .base import Publish
 from ..errors import RuntimeFailure
-from .nvml_mig import CapsReader, discover_migs
+from .nvml_mig import CapsReader, ProfileCalls, discover_migs
 from .pcie import normalize_bdf, pcie_level, read_numa_node
 
 log = logging.getLogger(__name__)
@@ -257,10 +257,10 @@ def _discover_initialised(nvml: Any, sysfs_root: str, proc_root: str) -> tuple[l
     except nvml.NVMLError as e:
         raise DiscoveryError(f"nvmlDeviceGetCount failed: {e}", fix=_INIT_FIX, code=_err_code(nvml, e)) from None
     gpus = [g for g in (_read_gpu(nvml, i, sysfs_root) for i in range(count)) if g is not None]
-    caps = CapsReader(proc_root)
+    caps, calls = CapsReader(proc_root), ProfileCalls(nvml)
     migs: list[Device] = []
     for g in gpus:
-        g.device, children = discover_migs(nvml, g.handle, g.device, caps)
+        g.device, children = discover_migs(nvml, g.handle, g.device, caps, calls)
         migs += children
     reader = _LinkReader(nvml, sysfs_root, {g.bdf for g in gpus})
     links_of = {g.device.name: reader.read(g.handle) for g in gpus}

@@ -24,8 +24,20 @@ this is our own code):
   (the table NVIDIA's plugin reads); the node's major from `<proc>/devices`
   (`nvidia-caps`), so a CDI spec can describe the node.
 
+- Profile-info calls by driver age: pynvml's `...ProfileInfo(..., version=2)`
+  calls the versioned C functions (`nvmlDeviceGetGpuInstanceProfileInfoV`,
+  `nvmlGpuInstanceGetComputeInstanceProfileInfoV`), which NVML has only since
+  CUDA 11.6 (driver R510); the R450/R470 drivers have only the unversioned
+  ones (`version=1`), which NVIDIA's plugin calls. We ask for the versioned
+  call and, when the driver lacks it (FUNCTION_NOT_FOUND), use the unversioned
+  one for the rest of the discovery. Only the profile `id` is read, which both
+  versions carry.
+
 A MIG device NVML cannot describe is skipped with an error log; the GPU is
-still served whole under `--mig-strategy none`.
+still served whole under `--mig-strategy none`. A driver that lacks even the
+unversioned call (older than the first MIG driver, R450) stops discovery with
+`MigDriverError`, naming the call and the driver needed: its MIG devices would
+otherwise vanish from every strategy without a word.
 """
 
 from __future__ import annotations
@@ -39,7 +51,57 @@ from typing import Any
 
 from allocator.topology import Device, DeviceKind
 
+from ..errors import RuntimeFailure
+
 log = logging.getLogger(__name__)
+
+#: The oldest driver branch with NVML's MIG calls (CUDA 11.0); the versioned profile calls came with R510.
+MIN_MIG_DRIVER = "R450"
+_VERSIONED_SINCE = "R510"
+#: pynvml function -> (C function of version 2, C function of version 1).
+_PROFILE_CALLS = {
+    "nvmlDeviceGetGpuInstanceProfileInfo": ("nvmlDeviceGetGpuInstanceProfileInfoV",
+                                            "nvmlDeviceGetGpuInstanceProfileInfo"),
+    "nvmlGpuInstanceGetComputeInstanceProfileInfo": ("nvmlGpuInstanceGetComputeInstanceProfileInfoV",
+                                                     "nvmlGpuInstanceGetComputeInstanceProfileInfo"),
+}
+
+
+class MigDriverError(RuntimeFailure):
+    """The driver's NVML lacks a call MIG discovery needs (exit 1): the message names the call and the driver."""
+
+
+class ProfileCalls:
+    """Calls the profile-info functions in the newest version this driver has; one per discovery.
+
+    Why remember: on an R470 driver every versioned call fails the same way, and a MIG node asks
+    up to 27 of them per MIG device.
+    """
+
+    def __init__(self, nvml: Any):
+        self.nvml = nvml
+        #: pynvml function -> the version that works (2 until the driver says otherwise).
+        self.version = dict.fromkeys(_PROFILE_CALLS, 2)
+
+    def __call__(self, name: str, *args: Any) -> Any:
+        nvml = self.nvml
+        not_found = getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+        while True:
+            version = self.version[name]
+            try:
+                return getattr(nvml, name)(*args, version=version)
+            except nvml.NVMLError as e:
+                if getattr(e, "value", None) != not_found:
+                    raise
+            versioned, plain = _PROFILE_CALLS[name]
+            if version == 1:
+                raise MigDriverError(
+                    f"nvml: the driver's NVML has neither {versioned} nor {plain}, which name MIG devices "
+                    f"(fix: MIG needs NVIDIA driver {MIN_MIG_DRIVER} or later; update the driver, or turn MIG "
+                    "mode off on this node's GPUs)")
+            log.info("NVML lacks a versioned MIG call (driver older than %s); using the unversioned one",
+                     _VERSIONED_SINCE, extra={"missing": versioned, "using": plain})
+            self.version[name] = 1
 
 #: GPU-instance profile index -> (GPU slices, attributes), as go-nvlib's `NewMigProfile`.
 GI_PROFILES: dict[int, tuple[int, str]] = {
@@ -115,7 +177,8 @@ class CapsReader:
         return self.table.get(f"gpu{gpu_minor}/gi{gi}" + (f"/ci{ci}" if ci is not None else "") + "/access")
 
 
-def _profile(nvml: Any, parent: Any, mig: Any, gi_id: int, ci_id: int, mem_mib: int, gpu_bytes: int) -> str:
+def _profile(nvml: Any, calls: ProfileCalls, parent: Any, mig: Any, gi_id: int, ci_id: int, mem_mib: int,
+             gpu_bytes: int) -> str:
     gi = nvml.nvmlDeviceGetGpuInstanceById(parent, gi_id)
     ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
     gi_profile_id = nvml.nvmlGpuInstanceGetInfo(gi).profileId
@@ -123,7 +186,7 @@ def _profile(nvml: Any, parent: Any, mig: Any, gi_id: int, ci_id: int, mem_mib: 
     skip = {getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3), getattr(nvml, "NVML_ERROR_INVALID_ARGUMENT", 2)}
     for i in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", _GI_COUNT))):
         try:
-            if nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, i).id != gi_profile_id:
+            if calls("nvmlDeviceGetGpuInstanceProfileInfo", parent, i).id != gi_profile_id:
                 continue
         except nvml.NVMLError as e:
             if getattr(e, "value", None) in skip:
@@ -132,7 +195,7 @@ def _profile(nvml: Any, parent: Any, mig: Any, gi_id: int, ci_id: int, mem_mib: 
         for j in range(int(getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", _CI_COUNT))):
             for k in range(int(getattr(nvml, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT", _CI_ENGINE_COUNT))):
                 try:
-                    if nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, j, k).id != ci_profile_id:
+                    if calls("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, j, k).id != ci_profile_id:
                         continue
                 except nvml.NVMLError as e:
                     if getattr(e, "value", None) in skip:
@@ -151,10 +214,16 @@ def mig_mode(nvml: Any, handle: Any) -> bool:
     return current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
 
 
-def discover_migs(nvml: Any, handle: Any, gpu: Device, caps: CapsReader) -> tuple[Device, list[Device]]:
-    """(`gpu` marked with its MIG mode, its MIG devices) for one GPU; no MIG devices when MIG is off."""
+def discover_migs(nvml: Any, handle: Any, gpu: Device, caps: CapsReader,
+                  calls: ProfileCalls | None = None) -> tuple[Device, list[Device]]:
+    """(`gpu` marked with its MIG mode, its MIG devices) for one GPU; no MIG devices when MIG is off.
+
+    `calls` is shared by the GPUs of one discovery (a new one when None). Raises MigDriverError
+    when the driver's NVML lacks the calls that name MIG devices.
+    """
     if not mig_mode(nvml, handle):
         return gpu, []
+    calls = calls if calls is not None else ProfileCalls(nvml)
     gpu = replace(gpu, attributes={**gpu.attributes, "mig_mode": "enabled"})
     minor = gpu.minor if gpu.minor is not None else gpu.index
     not_found = getattr(nvml, "NVML_ERROR_NOT_FOUND", 6)
@@ -179,7 +248,7 @@ def discover_migs(nvml: Any, handle: Any, gpu: Device, caps: CapsReader) -> tupl
             gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
             ci_id = int(nvml.nvmlDeviceGetComputeInstanceId(mig))
             mem_mib = int(nvml.nvmlDeviceGetAttributes(mig).memorySizeMB)
-            profile = _profile(nvml, handle, mig, gi_id, ci_id, mem_mib, gpu_bytes)
+            profile = _profile(nvml, calls, handle, mig, gi_id, ci_id, mem_mib, gpu_bytes)
         except (nvml.NVMLError, ValueError, KeyError) as e:
             log.error("MIG device skipped: NVML cannot describe it", extra={"gpu": gpu.name, "slot": slot,
                                                                               "reason": str(e)})

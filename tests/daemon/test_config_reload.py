@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
 import yaml
 
+from daemon_testlib import until
 from topo_testkit.sysfs_fixture import write_demo
 
 GPU = "nvidia.com/gpu"
@@ -49,9 +49,9 @@ async def test_pool_changes_apply_without_touching_other_streams(kubelet, start_
 
     # an invalid change: logged, ignored, everything keeps serving
     rewrite(config, lambda data: data["flags"].update({"deviceIdStrategy": "serial"}))
-    await asyncio.sleep(1.0)
-    log = daemon.log()
-    assert "config change ignored" in log and "flags.deviceIdStrategy" in log and config in log
+    await until(lambda: "config change ignored" in daemon.log(), 20, "the daemon to log the ignored change")
+    line = next(x for x in daemon.log().splitlines() if "config change ignored" in x)
+    assert "flags.deviceIdStrategy" in line and config in line
     assert daemon.proc.poll() is None
     assert kubelet.devices("example.com/uplinks") and len(kubelet.registrations_of(GPU)) == 1
 
@@ -66,11 +66,8 @@ async def test_a_reload_applies_live_options_and_names_those_that_need_a_restart
                    "gpus:\n  health:\n    disabled: true\n")
     os.replace(tmp, config)
     await kubelet.wait_for(lambda: len(kubelet.devices("example.com/accel")) == 8, timeout=10)
-    for _ in range(100):  # the warning comes with the reload that renamed the resource; poll its log
-        if "needs a restart" in daemon.log():
-            break
-        await asyncio.sleep(0.1)
-    assert "needs a restart" in daemon.log(), daemon.log()[-3000:]
+    # the warning comes with the reload that renamed the resource: wait for it in the log
+    await until(lambda: "needs a restart" in daemon.log(), 20, "the restart warning of the reload")
     line = next(x for x in daemon.log().splitlines() if "needs a restart" in x)
     assert "--log-format" in line and "gpus.health" in line and "gpu-resource-name" not in line
     assert daemon.proc.poll() is None

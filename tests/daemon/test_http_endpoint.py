@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.client
+import os
 import socket
 import time
 
@@ -215,14 +216,35 @@ async def test_gzip_and_openmetrics_as_the_scraper_asks(endpoint):
     assert body.decode().rstrip().endswith("# EOF")
 
 
-async def test_ipv6_any_address_serves_both_families():
+def _no_ipv6_loopback() -> tuple[str, str] | None:
+    """(why this machine cannot serve on ::1, what would fix it), or None when it can.
+
+    Why look closer than "can we bind ::1": a kernel without IPv6 cannot run the test at all, but
+    a kernel with IPv6 whose loopback has it switched off (a container's sysctl) is a machine set
+    up wrong for a run that must cover IPv6 (CI).
+    """
     if not socket.has_ipv6:
-        pytest.skip("this Python has no IPv6 support")
+        return "this Python was built without IPv6", "use a Python built with IPv6"
+    if not os.path.exists("/proc/net/if_inet6"):
+        return ("the kernel has no IPv6 (no /proc/net/if_inet6: booted with ipv6.disable=1 or without the "
+                "module)"), "boot a kernel with IPv6"
     try:
         with socket.socket(socket.AF_INET6) as s:
             s.bind(("::1", 0))
     except OSError as e:
-        pytest.skip(f"no IPv6 loopback on this machine: {e}")
+        return (f"the kernel has IPv6 but ::1 cannot be bound here ({e})",
+                "sysctl -w net.ipv6.conf.lo.disable_ipv6=0 (and net.ipv6.conf.all.disable_ipv6=0)")
+    return None
+
+
+async def test_ipv6_any_address_serves_both_families():
+    missing = _no_ipv6_loopback()
+    if missing is not None:
+        why, fix = missing
+        # CI's machine has ::1 (checked there): a run that must be complete may not lose this test.
+        if os.environ.get("TOPO_DP_REQUIRE_KUBELET_E2E") == "1":
+            pytest.fail(f"IPv6 required (TOPO_DP_REQUIRE_KUBELET_E2E=1): {why} (fix: {fix})")
+        pytest.skip(f"no IPv6 loopback: {why} (fix: {fix})")
     e = Endpoint(address="[::]:0")
     await e.server.start()
     try:

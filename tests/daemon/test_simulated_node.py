@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pathlib
 import time
 
 import pytest
 import yaml
+from daemon_testlib import until
 from topo_testkit import SHARED_DIR
 
 from plugin.sources.simulated import builtin_text
@@ -89,13 +89,17 @@ async def test_broken_edit_is_logged_and_ignored(kubelet, start_daemon, node_fil
     client = kubelet.client(GPU)
     updates = client.updates
     node_file.write_text(node_file.read_text().replace("numa: 1", "numa: one"))
-    await asyncio.sleep(1.5)
+
+    def ignored() -> list[str]:
+        return [x for x in daemon.log().splitlines() if "simulated node edit ignored" in x and "numa" in x]
+
+    await until(lambda: bool(ignored()), 20, "the daemon to log the ignored edit")
+    assert str(node_file) in ignored()[0]
     assert client.updates == updates
     assert len(kubelet.devices(GPU)) == 4
     assert daemon.proc.poll() is None
-    assert "simulated node edit ignored" in daemon.log()
-    assert "numa" in daemon.log() and str(node_file) in daemon.log()
-    # a good edit afterwards still applies
+    # a good edit afterwards still applies, as the one update since the broken edit
     node_file.write_text(builtin_text("pcie-2socket-4gpu-2nic").replace("{name: GPU1, numa: 0,",
                                                                          "{name: GPU1, numa: 0, health: Unhealthy,"))
     await kubelet.wait_for(lambda: kubelet.devices(GPU)["1"].health == "Unhealthy", timeout=2.0)
+    assert client.updates == updates + 1

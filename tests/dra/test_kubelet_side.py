@@ -289,3 +289,33 @@ async def test_subrequests_of_a_prioritized_list_report_their_parent_request(sta
     uid = apiserver.add_claim("team", "either", [result("gpu-0", "gpu/h100"), result("nic-mlx5-0", "gpu/h100")])
     [a, b] = (await plugin.prepare(("team", uid, "either"))).claims[uid].devices
     assert list(a.request_names) == list(b.request_names) == ["gpu"]
+
+
+# ---- identity: what the container is told is what the claim selected on (issue 18) ---------------
+
+
+@pytest.mark.parametrize("node", ["dgx-h100", "14-hgx-h100-8gpu-nv18-6nic-empty-cpu-affinity.txt"])
+async def test_a_simulated_gpu_without_a_uuid_is_named_in_the_container_by_its_published_uuid(
+        node, start_driver, roots, apiserver, shared_topologies):
+    from plugin.resources import gpu_id
+    from plugin.sources import load_topology
+
+    path = next((p for p in shared_topologies if p.name == node), None)
+    topology = load_topology(str(path) if path else node)
+    assert topology.gpus and all(g.uuid is None for g in topology.gpus)  # the case: no uuid in the node file
+    await start_driver(topology=topology)
+    deadline = asyncio.get_running_loop().time() + 30
+    while not any(d["name"] == "gpu-3" for s in apiserver.slices.values() for d in s["spec"].get("devices", ())):
+        assert asyncio.get_running_loop().time() < deadline, "the driver published no slice with gpu-3"
+        await asyncio.sleep(0.02)
+    [published] = [d for s in apiserver.slices.values() for d in s["spec"]["devices"] if d["name"] == "gpu-3"]
+    uuid = published["attributes"]["uuid"]["string"]
+    assert uuid.startswith("GPU-")
+
+    plugin = await register(registration_sockets(roots[0])[0])
+    uid = apiserver.add_claim("team", "by-uuid", [result("gpu-3", "gpu")])
+    assert (await plugin.prepare(("team", uid, "by-uuid"))).claims[uid].error == ""
+    [device] = cdi_spec(roots[1], uid)["devices"]
+    assert f"TOPO_DEV_GPU_3={uuid}" in device["containerEdits"]["env"]
+    # and the device-plugin side serves the same GPU under the same ID
+    assert gpu_id(topology, topology.device("GPU3"), "uuid") == uuid

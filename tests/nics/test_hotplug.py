@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes.util
 import logging
 import os
 import threading
@@ -181,15 +182,29 @@ async def test_events_from_the_monitor_fd_are_read_on_the_loop():
     await stop(task)
 
 
-def test_real_udev_monitor_opens_or_says_why():
+def test_the_real_udev_monitor_opens_where_libudev_is_installed():
+    # The product falls back to periodic rescans without udev; this test is about the udev path, so
+    # it needs libudev (Debian: libudev1), which CI's machine has: there a missing one is a failure.
+    required = os.environ.get("TOPO_DP_REQUIRE_KUBELET_E2E") == "1"
+    if ctypes.util.find_library("udev") is None:
+        why = "libudev is not installed (Debian package libudev1; fix: apt-get install libudev1)"
+        if required:
+            pytest.fail(f"{why}; required under TOPO_DP_REQUIRE_KUBELET_E2E=1")
+        pytest.skip(why)
     try:
         m = UdevMonitor(("pci", "net", "infiniband"))
     except UdevUnavailable as e:
+        # libudev is there, so this is the netlink socket refused (a sandbox without it)
         assert str(e)
-        return
-    assert m.fileno() >= 0
-    assert m.read() == [] or all(isinstance(e, HotplugEvent) for e in m.read())
-    m.close()
+        if required:
+            pytest.fail(f"libudev is installed but its monitor does not open: {e}")
+        pytest.skip(f"libudev is installed but its monitor does not open here: {e}")
+    try:
+        assert m.fileno() >= 0
+        events = m.read()  # non-blocking: whatever the kernel queued meanwhile, usually nothing
+        assert all(isinstance(e, HotplugEvent) and e.subsystem in ("pci", "net", "infiniband") for e in events)
+    finally:
+        m.close()
 
 
 # -- with generated trees ----------------------------------------------------------

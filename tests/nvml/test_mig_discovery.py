@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 
+import pynvml
 import pytest
 from click.testing import CliRunner
 
@@ -18,7 +19,7 @@ from plugin.cli import cli
 from plugin.sources.nvml_gpus import NvmlGpuSource
 from plugin.sources.nvml_mig import cap_minors, memory_gb, profile_name
 from plugin.sources.simulated import load_simulated
-from topo_testkit.fake_nvml import CAPS_MAJOR, FakeNvml
+from topo_testkit.fake_nvml import CAPS_MAJOR, R470_MISSING, FakeNvml
 from topo_testkit.with_fake_nvml import fake_for, installed
 
 MIB = 1 << 20
@@ -124,3 +125,65 @@ def test_discover_shows_mig_resources_through_the_cli(tmp_path):
     assert len(resources["nvidia.com/mig-1g.10gb"]) == 24
     caps = {d["name"]: d["attributes"].get("caps") for d in data["devices"] if d["kind"] == "mig"}
     assert caps["GPU4-mig0"] == "/dev/nvidia-caps/nvidia-cap543,/dev/nvidia-caps/nvidia-cap544"
+
+
+# -- drivers without the versioned profile-info calls (R450/R470; issue 18) ------------------------------
+def test_the_fake_lacks_a_call_exactly_as_pynvml_does(monkeypatch):
+    # pynvml itself, with a driver library that has only the unversioned symbol: what it raises
+    class R470Library:
+        def nvmlDeviceGetGpuInstanceProfileInfo(self, *args):  # pragma: no cover - never reached
+            return 0
+
+    monkeypatch.setattr(pynvml, "nvmlLib", R470Library())
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
+    with pytest.raises(pynvml.NVMLError) as real:
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(None, 0)
+    fake = fake_for("dgx-a100-mig", missing_functions=R470_MISSING)
+    fake.nvmlInit()
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError) as faked:
+        fake.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0)
+    assert type(faked.value) is type(real.value) is pynvml.NVMLError_FunctionNotFound
+    assert faked.value.value == real.value.value and str(faked.value) == str(real.value)
+    assert fake.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0, version=1).id == 19  # the unversioned call answers
+    with pytest.raises(ValueError, match="does not implement nvmlDeviceGetGpuInstanceProfileInfoX"):
+        fake_for("dgx-a100-mig", missing_functions={"nvmlDeviceGetGpuInstanceProfileInfoX"})
+
+
+@pytest.mark.parametrize("node", ["dgx-a100-mig", "dgx-a100-mig-1g"])
+def test_an_r470_driver_without_the_versioned_calls_finds_the_same_mig_devices(node, tmp_path):
+    _, _, current = discover(node, tmp_path / "current")
+    sim = load_simulated(node)
+    fake = FakeNvml(sim.without(d.name for d in sim.nics), missing_functions=R470_MISSING)
+    old = NvmlGpuSource(nvml=fake, sysfs_root=fake.write_sysfs(str(tmp_path / "sys")),
+                        proc_root=fake.write_proc(str(tmp_path / "proc"))).load()
+    assert old.of_kind(DeviceKind.MIG) and old.devices == current.devices
+    # asked once whether the driver has each versioned call, then only the unversioned ones
+    assert fake.calls["nvmlDeviceGetGpuInstanceProfileInfoV"] == 1
+    assert fake.calls["nvmlGpuInstanceGetComputeInstanceProfileInfoV"] == 1
+    assert fake.calls["nvmlDeviceGetGpuInstanceProfileInfo"] >= len(old.of_kind(DeviceKind.MIG))
+
+
+def _discover_mixed(fake, tmp_path):
+    sysfs, proc = fake.write_sysfs(str(tmp_path / "sys")), fake.write_proc(str(tmp_path / "proc"))
+    with installed(fake):
+        return CliRunner().invoke(cli, ["discover", "--sysfs-root", sysfs, "--proc-root", proc, "--mig-strategy",
+                                        "mixed", "--format", "json"], env={"TOPO_DP_FAIL_ON_INIT_ERROR": "true"})
+
+
+def test_discover_mixed_serves_the_mig_devices_of_an_r470_driver(tmp_path):
+    current = _discover_mixed(fake_for("dgx-a100-mig"), tmp_path / "current")
+    old = _discover_mixed(fake_for("dgx-a100-mig", missing_functions=R470_MISSING), tmp_path / "r470")
+    assert current.exit_code == 0 and old.exit_code == 0, old.output
+    resources = json.loads(old.output[old.output.index("{"):])["resources"]
+    assert any(r["name"].startswith("nvidia.com/mig-") for r in resources)
+    assert resources == json.loads(current.output[current.output.index("{"):])["resources"]
+    assert "MIG device skipped" not in old.output
+
+
+def test_a_driver_without_either_profile_call_is_refused_naming_the_call_and_the_driver(tmp_path):
+    missing = R470_MISSING | {"nvmlGpuInstanceGetComputeInstanceProfileInfo"}
+    r = _discover_mixed(fake_for("dgx-a100-mig", missing_functions=missing), tmp_path)
+    assert r.exit_code == 1, r.output
+    assert "nvmlGpuInstanceGetComputeInstanceProfileInfoV nor nvmlGpuInstanceGetComputeInstanceProfileInfo" in r.output
+    assert "MIG needs NVIDIA driver R450 or later" in r.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 
 import pytest
 
@@ -152,3 +153,68 @@ def test_a_misfit_row_stops_discover_with_exit_2(tmp_path):
     path.write_text(SPACED.replace("8-15    1", "PIX    8-15    1"))
     r = CliRunner().invoke(cli, ["discover", "--simulate", str(path)])
     assert r.exit_code == 2 and f"{path}:3: row GPU1" in r.output and "fix:" in r.output
+
+
+# -- outputs whose drivers pad the affinity values to tab stops (issue 18) -----------------------------
+OUTPUTS = pathlib.Path(__file__).parent / "topo_outputs"
+
+
+def _older_driver() -> str:
+    return (OUTPUTS / "older-driver-4gpu-tab-aligned.txt").read_text()
+
+
+@pytest.mark.parametrize("expand", [False, True], ids=["tabs", "as-the-terminal-showed-it"])
+def test_an_older_driver_that_pads_cpu_affinity_to_a_tab_stop_reads_by_column(expand):
+    text = _older_driver()
+    topo = load_topo_matrix(text.expandtabs() if expand else text, "vm.txt")
+    assert [d.numa for d in topo.gpus] == [0, 0, 1, 1]
+    assert [d.attributes["cpu_affinity"] for d in topo.gpus] == ["0-11", "0-11", "12-23", "12-23"]
+    assert topo.link("GPU0", "GPU1").label == "NV2" and topo.link("GPU1", "GPU2").label == "SYS"
+    assert by_name(topo)["mlx5_0"].numa == 0
+
+
+@pytest.mark.parametrize("expand", [False, True], ids=["tabs", "as-the-terminal-showed-it"])
+def test_padding_after_both_affinities_and_before_gpu_numa_id(expand):
+    text = (OUTPUTS / "padded-2gpu-gpu-numa-id.txt").read_text()
+    topo = load_topo_matrix(text.expandtabs() if expand else text, "vm.txt")
+    assert [d.numa for d in topo.gpus] == [0, 1]
+    assert [d.attributes["cpu_affinity"] for d in topo.gpus] == ["0-3", "4-7"]
+    assert all("gpu_numa_id" not in d.attributes for d in topo.gpus)
+
+
+@pytest.mark.parametrize("expand", [False, True], ids=["tabs", "as-the-terminal-showed-it"])
+def test_an_empty_cpu_affinity_in_a_padded_row_leaves_the_numa_node_in_its_column(expand):
+    text = _older_driver().replace("GPU3\tSYS\tSYS\tNV2\t X \tSYS\t12-23\t\t1", "GPU3\tSYS\tSYS\tNV2\t X \tSYS\t\t\t1")
+    topo = load_topo_matrix(text.expandtabs() if expand else text, "vm.txt")
+    assert [d.numa for d in topo.gpus] == [0, 0, 1, 1]
+    assert "cpu_affinity" not in by_name(topo)["GPU3"].attributes
+
+
+def test_every_shared_topology_reads_the_same_after_the_terminal_expanded_its_tabs(shared_topologies):
+    # What users paste is often what the terminal showed: tabs turned into spaces up to each stop.
+    for path in shared_topologies:
+        tabbed = load_topology(str(path))
+        expanded = load_topo_matrix(path.read_text().expandtabs(), str(path))
+        assert [(d.name, d.numa, d.attributes) for d in expanded.devices] == \
+               [(d.name, d.numa, d.attributes) for d in tabbed.devices], path.name
+        for a in tabbed.devices:
+            for b in tabbed.devices:
+                if a.name != b.name:
+                    assert expanded.link(a.name, b.name) == tabbed.link(a.name, b.name), (path.name, a.name, b.name)
+
+
+@pytest.mark.parametrize("expand", [False, True], ids=["tabs", "as-the-terminal-showed-it"])
+@pytest.mark.parametrize("row, problem", [
+    ("GPU1\tNV2\t X \tSYS\tSYS\tSYS\tPIX\t0-11\t\t0", "has 9 cells"),   # one link cell too many
+    ("GPU1\tNV2\t X \tSYS\tPIX\t0-11\t\t0", "a link cell too few"),  # one link cell missing
+    ("GPU1\tNV2\t X \tSYS\tSYS\tPIX\t0-11\t7\t0", "has 8 cells"),        # a value where the padding goes
+    ("GPU1\tNV2\t X \tSYS\tSYS\tPIX\t0-11\t\t\t0", "has 9 cells"),      # more padding than one tab stop
+])
+def test_a_padded_output_still_refuses_a_row_with_a_cell_too_many_or_too_few(row, problem, expand):
+    text = _older_driver().replace("GPU1\tNV2\t X \tSYS\tSYS\tPIX\t0-11\t\t0", row)
+    assert row in text
+    with pytest.raises(TopologyError) as e:
+        load_topo_matrix(text.expandtabs() if expand else text, "vm.txt")
+    msg = str(e.value)
+    assert msg.startswith("vm.txt:11: row GPU1") and problem in msg
+    assert "(fix: give every row one cell per header column" in msg

@@ -9,10 +9,15 @@ a cgroup). Rules: `shared/spec/topology-input.md`.
 
 It never guesses: the `CPU Affinity` / `NUMA Affinity` / `GPU NUMA ID`
 headings are recognised however they are spaced, every header column must
-have its row, and every row must have one cell per header column (the one
-driver quirk allowed: an empty extra tab before `GPU NUMA ID`). A row that
-does not fit stops the load with the file, the line and the fix, rather than
-shifting an affinity into the NUMA column.
+have its row, and every row must have one cell per header column. Drivers
+pad the affinity values with empty cells to reach the next tab stop, and not
+all the same way (`0-7\t\t0` on older drivers, `0-7\t0\t\tN/A` on newer
+ones); an empty cell right after an affinity value is read as that padding
+(see `_Shape._trailing`). Text whose tabs the terminal expanded into spaces
+is cut back into cells at the tab stops, so it reads exactly as the tabbed
+original, empty cells included. A row that does not fit stops the load with
+the file, the line and the fix, rather than shifting an affinity into the
+NUMA column.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from itertools import combinations
 
 from allocator.topology import Device, DeviceKind, Link, LinkLevel, NodeTopology
 
@@ -67,10 +73,33 @@ def _header_columns(line: str) -> list[str]:
     return out
 
 
-def _split_row(line: str) -> tuple[list[str], bool]:
+_TAB_STOP = 8
+_TOKEN = re.compile(r"\S+")
+
+
+def _split_row(line: str) -> list[str]:
+    """The cells of a row, empty ones included.
+
+    Tabs separate cells. Without tabs, the text is usually what a terminal showed: tabs
+    expanded to stops every 8 columns, so a cell starts at a stop (` X ` one column after it)
+    and every stop skipped between two values was an empty cell; the line is cut back at the
+    stops. Text spaced by hand (a value off the stops) has no empty cells: runs of spaces
+    separate cells.
+    """
     if "\t" in line:
-        return [c.strip() for c in line.split("\t")], True
-    return line.split(), False
+        return [c.strip() for c in line.split("\t")]
+    tokens = [(m.start(), m.group()) for m in _TOKEN.finditer(line)]
+    if not all(start % _TAB_STOP == 0 or (tok == "X" and start % _TAB_STOP == 1) for start, tok in tokens):
+        return [tok for _, tok in tokens]
+    cells: list[str] = []
+    next_stop = 0  # where the tab after the previous cell would have gone
+    for start, tok in tokens:
+        cells.extend([""] * ((start - next_stop) // _TAB_STOP))
+        cells.append(tok)
+        next_stop = (start + len(tok)) // _TAB_STOP * _TAB_STOP + _TAB_STOP
+    if tokens and len(line) >= next_stop:  # trailing tabs, as in NIC rows that end with empty cells
+        cells.extend([""] * ((len(line) - next_stop) // _TAB_STOP + 1))
+    return cells
 
 
 def _find_header(lines: list[str], source: str) -> int:
@@ -128,12 +157,12 @@ def parse_topo_matrix(text: str, source: str = "<text>", node_name: str | None =
             if m:
                 legend[m.group(1)] = m.group(2)
             continue
-        cells, tabbed = _split_row(line)
-        if cells[0] not in matrix_cols:
+        cells = _split_row(line)
+        if not cells or cells[0] not in matrix_cols:
             continue  # legend lines and other text are ignored
         if cells[0] in rows:
             raise TopologyError(source, f"row {cells[0]} appears twice", line=i + 1)
-        rows[cells[0]] = shape.row(cells[0], i + 1, cells[1:], tabbed)
+        rows[cells[0]] = shape.row(cells[0], i + 1, cells[1:])
     for c in matrix_cols:
         if c not in rows:
             raise TopologyError(source, f"the header names {c} but there is no {c} row", line=header_idx + 1,
@@ -155,28 +184,53 @@ class _Shape:
         return TopologyError(self.source, f"row {label} has {got} cells but the header names {need} ({cols})",
                              line=line, fix=_ROW_FIX)
 
-    def row(self, label: str, line: int, body: list[str], tabbed: bool) -> _Row:
+    def _trailing(self, extra: list[str]) -> list[str] | None:
+        """The trailing column values in `extra`, or None when the cells cannot be them.
+
+        Why: drivers pad an affinity value with an empty cell to reach the tab stop under the
+        next heading (every heading is wider than one stop), older ones after `CPU Affinity`,
+        newer ones after `NUMA Affinity`. So after each value but the last, one empty cell may
+        be padding; a non-empty cell there means the row has a cell too many. Which empty
+        cells are padding never changes the values: with at most three headings, two readings
+        of one row differ only in which of two adjacent empty cells is the padding.
+        """
+        k = len(self.trailing)
+        pads = len(extra) - k
+        if not 0 <= pads <= max(k - 1, 0):
+            return None
+        for gaps in combinations(range(k - 1), pads):
+            values, i = [], 0
+            for j in range(k):
+                values.append(extra[i])
+                i += 1
+                if j in gaps:
+                    if extra[i]:
+                        break
+                    i += 1
+            else:
+                return values
+        return None
+
+    def row(self, label: str, line: int, body: list[str]) -> _Row:
         n, k = len(self.columns), len(self.trailing)
         if len(body) < n:
             raise TopologyError(self.source, f"row {label} has {len(body)} cells but the header names {n} link "
                                              "columns", line=line, fix=_ROW_FIX)
         extra = body[n:]
-        if tabbed and len(extra) == k + 1 and _GPU_NUMA_ID in self.trailing:
-            # Drivers print an extra tab before `GPU NUMA ID`: drop that empty cell, nothing else.
-            gap = self.trailing.index(_GPU_NUMA_ID)
-            if not extra[gap]:
-                extra = extra[:gap] + extra[gap + 1:]
         is_gpu = bool(_GPU_COL.match(label))
-        if len(extra) > k or (is_gpu and len(extra) < k):
+        values = self._trailing(extra)
+        if values is None and not is_gpu and len(extra) < k:
+            values = extra  # NIC rows may stop before the trailing columns: they have no values there
+        if values is None:
             raise self._width_error(label, line, len(body), f"{n + k} columns")
-        values = dict(zip(self.trailing, extra))
+        named = dict(zip(self.trailing, values))
         if is_gpu:
-            for name, value in values.items():
+            for name, value in named.items():
                 if not _TRAILING_VALUE.match(value):
                     raise TopologyError(self.source, f"row {label}, column {name}: cannot read {shorten(value)}",
                                         line=line, fix="use a CPU or node list such as 0 or 0,5-11, or N/A; "
                                                        "and check that the row has no extra cell")
-        return _Row(label, line, body[:n], {name: values.get(name, "") for name in self.trailing})
+        return _Row(label, line, body[:n], {name: named.get(name, "") for name in self.trailing})
 
 
 @dataclass
@@ -218,6 +272,10 @@ class ParsedMatrix:
                 try:
                     parsed[(label, col)] = Link.parse(tok)
                 except ValueError:
+                    if _TRAILING_VALUE.match(tok):  # a CPU list among the links: the row lost a link cell
+                        raise TopologyError(self.source, f"row {label}, column {col}: unknown link token "
+                                                         f"{shorten(tok)}, a CPU or node list: the row has a link "
+                                                         "cell too few", line=row.line, fix=_ROW_FIX) from None
                     raise TopologyError(self.source, f"row {label}, column {col}: unknown link token {shorten(tok)}",
                                         line=row.line, fix="use X, NV<n>, PIX, PXB, PHB, NODE, SYS or SOC") from None
         return parsed

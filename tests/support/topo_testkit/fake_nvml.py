@@ -37,6 +37,15 @@ Failure and event injection for tests: `init_error`, `lose(gpu)` /
 `restore(gpu)`, `down_links`, `remote_device_type` ("ok", "function-not-found",
 "absent"), `common_ancestor=False`, `inject_xid`, `inject_double_bit_ecc`,
 `fail_event_wait`. Every call is counted in `calls`.
+
+Older drivers: `missing_functions={...}` names NVML functions this driver's
+library lacks; calling one raises what pynvml raises when the C symbol is not
+there, `NVMLError_FunctionNotFound` (code FUNCTION_NOT_FOUND). Names are the C
+functions'; for the calls with a version argument that is what picks the C
+function (`nvmlDeviceGetGpuInstanceProfileInfo(h, i)` calls
+`nvmlDeviceGetGpuInstanceProfileInfoV`, `version=1` the unversioned one), and
+`R470_MISSING` is what the R450/R470 drivers lack of what we call. A name the
+fake does not know is refused, so a misspelt name cannot make a test vacuous.
 """
 
 from __future__ import annotations
@@ -58,7 +67,7 @@ from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
 from plugin.sources.nvml_mig import CI_PROFILES, GI_PROFILES, cap_minors
 from plugin.sources.pcie import normalize_bdf
 
-__all__ = ["FakeEventData", "FakeNvml", "FakePciInfo", "nvml_bus_id"]
+__all__ = ["R470_MISSING", "FakeEventData", "FakeNvml", "FakePciInfo", "nvml_bus_id"]
 
 _UUID_NS = uuidlib.UUID("3d1f0c64-8b7e-4a52-9e0d-2f6a71c4b8e3")
 _LEVEL_TO_NVML = {
@@ -70,6 +79,14 @@ _LEVEL_TO_NVML = {
 }
 #: Links a GPU has in hardware when the topology does not need more (A100: 12, H100: 18).
 _HW_LINKS = 18
+#: pynvml calls that pick their C function by `version=` (2: the `...V` function, 1: the unversioned one).
+_VERSIONED = ("nvmlDeviceGetGpuInstanceProfileInfo", "nvmlGpuInstanceGetComputeInstanceProfileInfo")
+#: What the R450/R470 drivers' NVML lacks of the calls discovery makes (the versioned calls came with R510).
+R470_MISSING = frozenset(name + "V" for name in _VERSIONED)
+#: pynvml names whose calls the fake counts under another name.
+_ALIASES = {"nvmlDeviceGetPciInfo_v3": "nvmlDeviceGetPciInfo", "nvmlEventSetWait_v2": "nvmlEventSetWait",
+            "nvmlDeviceGetNvLinkRemotePciInfo_v2": "nvmlDeviceGetNvLinkRemotePciInfo",
+            "nvmlInitWithFlags": "nvmlInit"}
 
 
 def nvml_bus_id(bdf: str) -> str:
@@ -244,6 +261,7 @@ class FakeNvml:
         init_error: int | None = None,
         supported_events: int | None = None,
         register_error: Mapping[str, int] | None = None,
+        missing_functions: Iterable[str] = (),
     ):
         if remote_device_type not in ("ok", "function-not-found", "absent"):
             raise ValueError("remote_device_type is one of ok, function-not-found, absent")
@@ -255,6 +273,12 @@ class FakeNvml:
                                  else pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
                                  | pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypePState)
         self.register_error = dict(register_error or {})
+        known = {n for n in dir(type(self)) if n.startswith("nvml")} | R470_MISSING
+        unknown = sorted(set(missing_functions) - known)
+        if unknown:
+            raise ValueError(f"FakeNvml does not implement {', '.join(unknown)}; it cannot lack it")
+        #: NVML functions this driver lacks (see the module docstring).
+        self.missing_functions = frozenset(_ALIASES.get(n, n) for n in missing_functions)
         self.calls: Counter[str] = Counter()
         self.wait_times: list[float] = []
         self.init_count = 0
@@ -490,8 +514,17 @@ class FakeNvml:
 
     # -- helpers -----------------------------------------------------------------
     def _count(self, name: str) -> None:
+        """Count a call of the NVML function `name`; raise as pynvml does when the driver lacks it."""
         with self._lock:
             self.calls[name] += 1
+        if name in self.missing_functions:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    def _versioned(self, name: str, version: int) -> None:
+        """Count the C function pynvml's `name(..., version=)` calls (and raise as pynvml does)."""
+        if version not in (1, 2):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        self._count(name + "V" if version == 2 else name)
 
     def _check_init(self) -> None:
         if self.init_count <= 0:
@@ -709,7 +742,7 @@ class FakeNvml:
         return FakeInstanceInfo(ci.ci or 0, m.ci_profile)
 
     def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> FakeProfileInfo:
-        self._count("nvmlDeviceGetGpuInstanceProfileInfo")
+        self._versioned("nvmlDeviceGetGpuInstanceProfileInfo", version)
         g = self._h(handle)
         used = {m.gi_profile for m in g.migs.values()}
         if profile not in _GI_PROFILE_IDS and profile not in used:
@@ -720,7 +753,7 @@ class FakeNvml:
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: FakeInstance, profile: int, eng: int,
                                                      version: int = 2) -> FakeProfileInfo:
-        self._count("nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        self._versioned("nvmlGpuInstanceGetComputeInstanceProfileInfo", version)
         m = self._instance_mig(gi)
         if profile not in CI_PROFILES or eng != 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -789,15 +822,16 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def gpu_node_on_disk(root: str, node: str = "dgx-a100-mig") -> tuple[FakeNvml, dict[str, str]]:
+def gpu_node_on_disk(root: str, node: str = "dgx-a100-mig", **fake_kw: Any) -> tuple[FakeNvml, dict[str, str]]:
     """A built-in node's GPUs (no NICs) as fake NVML plus its sysfs, procfs and /dev under `root`.
 
-    Returns the fake and the roots by name (`sys`, `proc`, `dev`), ready for the hardware source.
+    Returns the fake and the roots by name (`sys`, `proc`, `dev`), ready for the hardware source;
+    `fake_kw` goes to FakeNvml (e.g. `missing_functions=R470_MISSING`).
     """
     from plugin.sources.simulated import load_simulated
 
     sim = load_simulated(node)
-    fake = FakeNvml(sim.without(d.name for d in sim.nics))
+    fake = FakeNvml(sim.without(d.name for d in sim.nics), **fake_kw)
     roots = {k: os.path.join(root, k) for k in ("sys", "proc", "dev")}
     fake.write_sysfs(roots["sys"])
     fake.write_proc(roots["proc"])
