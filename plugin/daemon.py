@@ -34,6 +34,7 @@ from .filewatch import watch_file
 from .health_endpoint import HealthServer
 from .metrics import Metrics
 from .pairing_service import PairingService
+from .pod_resources import DEFAULT_TIMEOUT_S as POD_RESOURCES_TIMEOUT_S
 from .pod_resources import PodResourcesReader
 from .preferred import DEFAULT_DEADLINE_S
 from .ratelimited_log import RateLimitedLog, UndecodableRequestLog
@@ -85,6 +86,8 @@ class DaemonOptions:
     search_workers: int = 2
     #: The kubelet's pod-resources socket, to check pairing partners against (None: not read).
     pod_resources_socket: str | None = None
+    #: Deadline of one pod-resources `List` (why short: `plugin.pod_resources`).
+    pod_resources_timeout_s: float = POD_RESOURCES_TIMEOUT_S
 
 
 class DraSide(Protocol):
@@ -164,7 +167,8 @@ class Daemon:
         #: GPU–NIC pairing, shared by every server; its index follows the resources.
         self.pairing = PairingService(
             resource_options.pairing_window_s, clock,
-            pod_resources=PodResourcesReader(options.pod_resources_socket) if options.pod_resources_socket else None)
+            pod_resources=(PodResourcesReader(options.pod_resources_socket, options.pod_resources_timeout_s)
+                           if options.pod_resources_socket else None))
         #: Shared by every server: one search pool, one rate-limited rejection log, the request deadline, pairing.
         self.handling = RequestHandling(SearchPool(options.search_workers),
                                         RateLimitedLog(logging.getLogger("plugin.server")),
@@ -322,8 +326,7 @@ class Daemon:
             self._retry_handle.cancel()
         await asyncio.gather(*(s.stop(send_empty=True) for s in self.servers.values()))
         self.handling.search.close()
-        if self.pairing.pod_resources is not None:
-            await self.pairing.pod_resources.close()
+        await self.pairing.close()
         self.handling.limited_log.flush(force=True)
         if self.health_server:
             await self.health_server.stop()
