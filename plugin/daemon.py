@@ -29,11 +29,12 @@ from allocator import NodeTopology, Policy
 from allocator.topology import Device
 
 from .cdi.sync import SpecSync
-from .errors import InputError
+from .errors import InputError, TopoDevicePluginError
 from .filewatch import watch_file
 from .health_endpoint import HealthServer
 from .metrics import Metrics
 from .pairing_service import PairingService
+from .pod_resources import DEFAULT_TIMEOUT_S as POD_RESOURCES_TIMEOUT_S
 from .pod_resources import PodResourcesReader
 from .preferred import DEFAULT_DEADLINE_S
 from .ratelimited_log import RateLimitedLog, UndecodableRequestLog
@@ -85,6 +86,8 @@ class DaemonOptions:
     search_workers: int = 2
     #: The kubelet's pod-resources socket, to check pairing partners against (None: not read).
     pod_resources_socket: str | None = None
+    #: Deadline of one pod-resources `List` (why short: `plugin.pod_resources`).
+    pod_resources_timeout_s: float = POD_RESOURCES_TIMEOUT_S
 
 
 class DraSide(Protocol):
@@ -164,12 +167,15 @@ class Daemon:
         #: GPU–NIC pairing, shared by every server; its index follows the resources.
         self.pairing = PairingService(
             resource_options.pairing_window_s, clock,
-            pod_resources=PodResourcesReader(options.pod_resources_socket) if options.pod_resources_socket else None)
+            pod_resources=(PodResourcesReader(options.pod_resources_socket, options.pod_resources_timeout_s)
+                           if options.pod_resources_socket else None))
         #: Shared by every server: one search pool, one rate-limited rejection log, the request deadline, pairing.
         self.handling = RequestHandling(SearchPool(options.search_workers),
                                         RateLimitedLog(logging.getLogger("plugin.server")),
                                         options.preferred_deadline_s, self.pairing)
         self.health_server: HealthServer | None = None
+        #: The plugin directory's watcher, once started.
+        self._watcher: PluginDirWatcher | None = None
         self.started = asyncio.Event()
         self.cdi = SpecSync(options.cdi_spec_dir)
         self.dra_factory = dra_factory
@@ -229,24 +235,8 @@ class Daemon:
                                                "devices": len(self.topology.devices),
                                                "resources": ", ".join(r.name for r in resources) or "none",
                                                "dra_resources": ", ".join(r.name for r in dra_resources) or "none"})
-        await asyncio.to_thread(self.cdi.sync, resources)  # specs before any device is advertised
-        if self.resource_options.dra_resources:
-            try:
-                await self._start_dra(dra_resources)
-            except BaseException:
-                await asyncio.to_thread(self.cdi.remove_all)
-                raise
-        os.makedirs(self.options.plugin_dir, mode=0o750, exist_ok=True)
-        self._warn_if_world_writable()
-        stale = prune_stale_bind_dirs(self.options.plugin_dir)
-        if stale:
-            log.info("removed bind directories left by a killed run", extra={"names": ", ".join(stale)})
-        watcher = PluginDirWatcher(self.options.plugin_dir, loop, self._on_kubelet_socket, self._on_socket_removed)
-        watcher.start()
-        if self.options.metrics_address:
-            self.health_server = HealthServer(self.options.metrics_address, self.metrics, self.ready)
-            await self.health_server.start()
-        try:
+        try:  # every start-up failure stops what was started (`_stop_all`)
+            await self._start_up(loop, resources, dra_resources)
             for r in resources:
                 self.servers[r.name] = self._new_server(r)
                 self._count_devices(r)
@@ -268,10 +258,44 @@ class Daemon:
                     return 1
             return 0
         finally:
-            await self._shutdown(watcher)
-            if self.dra is not None:
-                await self.dra.stop()
-            await asyncio.to_thread(self.cdi.remove_all)  # after the servers: no Allocate names a removed spec
+            await self._stop_all()
+
+    async def _start_up(self, loop: asyncio.AbstractEventLoop, resources: list[Resource],
+                        dra_resources: list[Resource]) -> None:
+        """CDI specs, the DRA driver, the plugin directory's watcher, the health endpoint: each is recorded
+        as soon as it runs, so `_stop_all` stops exactly what a failure part-way left running."""
+        await asyncio.to_thread(self.cdi.sync, resources)  # specs before any device is advertised
+        if self.resource_options.dra_resources:
+            await self._start_dra(dra_resources)
+        os.makedirs(self.options.plugin_dir, mode=0o750, exist_ok=True)
+        self._warn_if_world_writable()
+        stale = prune_stale_bind_dirs(self.options.plugin_dir)
+        if stale:
+            log.info("removed bind directories left by a killed run", extra={"names": ", ".join(stale)})
+        self._watcher = PluginDirWatcher(self.options.plugin_dir, loop, self._on_kubelet_socket,
+                                         self._on_socket_removed)
+        self._watcher.start()
+        if self.options.metrics_address:
+            self.health_server = HealthServer(self.options.metrics_address, self.metrics, self.ready)
+            await self.health_server.start()
+
+    async def _stop_all(self) -> None:
+        """Stop what was started, newest first: the device-plugin side, the DRA driver, then our CDI specs
+        (after the servers: no Allocate names a removed spec). On a start-up failure some were never started.
+        A step that fails is a warning and the next step still runs: the exit code says how serving ended,
+        not whether a spec file could be removed (issue 19)."""
+        steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("device-plugin servers", lambda: self._shutdown(self._watcher))]
+        if self.dra is not None:
+            steps.append(("DRA driver", self.dra.stop))
+        steps.append(("CDI specs", lambda: asyncio.to_thread(self.cdi.remove_all)))
+        for what, step in steps:
+            try:
+                await step()
+            except (OSError, TopoDevicePluginError) as e:
+                log.warning("cleanup failed at shutdown", extra={"part": what, "reason": f"{type(e).__name__}: {e}"})
+            except Exception:  # a bug: loud, but the remaining steps still run
+                log.exception("cleanup failed at shutdown (a bug)", extra={"part": what})
 
     async def _start_dra(self, dra_resources: list[Resource]) -> None:
         if self.dra_factory is None:
@@ -309,9 +333,10 @@ class Daemon:
         async with self._reload_lock:
             await self._reload_config()
 
-    async def _shutdown(self, watcher: PluginDirWatcher) -> None:
+    async def _shutdown(self, watcher: PluginDirWatcher | None) -> None:
         """Empty device list on open streams, stop serving, remove sockets."""
-        watcher.stop()
+        if watcher is not None:
+            watcher.stop()
         pending = [*self._tasks, *self._side_tasks, *self._registering.values()]
         for t in pending:
             t.cancel()
@@ -322,8 +347,7 @@ class Daemon:
             self._retry_handle.cancel()
         await asyncio.gather(*(s.stop(send_empty=True) for s in self.servers.values()))
         self.handling.search.close()
-        if self.pairing.pod_resources is not None:
-            await self.pairing.pod_resources.close()
+        await self.pairing.close()
         self.handling.limited_log.flush(force=True)
         if self.health_server:
             await self.health_server.stop()

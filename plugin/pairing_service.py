@@ -20,6 +20,13 @@ The servers call, in arrival order and before any work goes to a thread:
   to no container, so they must not become anyone's partners (and its IDs
   may not even exist).
 
+Pod-resources (optional): a request with partners reads `List` to check them
+(`plugin.pod_resources`). At most one `List` per group state: every request
+that arrives while the group is unchanged (no `Allocate` since) shares one
+query, in flight or done, so a burst of paired requests costs the kubelet
+one call (its pod-resources rate limit is 100/s, burst 10) and the daemon one
+decode. A request cancelled by its deadline never cancels the shared query.
+
 Metrics (`topo_dp_pairs_total`, `topo_dp_pair_links_total`): every `Allocate`
 that joins a group holding devices of the other kind completes pairs, the
 best one-to-one GPU–NIC matching between its devices and the group's; each
@@ -32,6 +39,8 @@ on and off can be compared.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,7 +50,7 @@ from allocator.pairing import NO_PARTNERS, PairingIndex, Partners, pair_label
 from allocator.topology import NodeTopology
 
 from .pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
-from .pod_resources import PodResourcesReader, drop_stale
+from .pod_resources import Holdings, PodResourcesReader, drop_stale
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +76,10 @@ class PairingService:
         self.groups = PairingGroups(DEFAULT_PAIRING_WINDOW_S, clock)
         self.index = PairingIndex({}, {})
         self.pod_resources = pod_resources
+        #: Counts accepted `Allocate`s: an open group's devices change only with one, so it names the group state.
+        self._allocates = 0
+        #: The pod-resources query of one group state: (`_allocates` when it started, the query).
+        self._query: tuple[int, asyncio.Task] | None = None
         self.set_window(window_s)
 
     @property
@@ -93,19 +106,41 @@ class PairingService:
             return NO_PARTNERS
         index = self.index  # the one in force when the call arrived
         if self.pod_resources is not None:
-            try:
-                holdings = await self.pod_resources.holdings()
-            except Exception:  # a bug in the optional check must never fail the kubelet's request
-                log.exception("pod-resources check failed (a bug); partners left as they are")
-                holdings = None
+            holdings = await asyncio.shield(self._holdings_query(self.pod_resources))
             if holdings is not None:
                 group = drop_stale(resource, group, holdings)
         return index.partners(resource, group)
+
+    def _holdings_query(self, reader: PodResourcesReader) -> asyncio.Task:
+        """The one `List` of the current group state, started by its first request (module doc)."""
+        if self._query is None or self._query[0] != self._allocates:
+            self._query = (self._allocates, asyncio.get_running_loop().create_task(
+                self._read_holdings(reader), name="pod-resources List"))
+        return self._query[1]
+
+    @staticmethod
+    async def _read_holdings(reader: PodResourcesReader) -> Holdings | None:
+        try:
+            return await reader.holdings()
+        except Exception:  # a bug in the optional check must never fail the kubelet's request
+            log.exception("pod-resources check failed (a bug); partners left as they are")
+            return None
+
+    async def close(self) -> None:
+        """Shutdown: end a query still in flight and close the pod-resources channel."""
+        query, self._query = self._query, None
+        if query is not None and not query[1].done():
+            query[1].cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await query[1]
+        if self.pod_resources is not None:
+            await self.pod_resources.close()
 
     def on_allocate(self, resource: str, ids: Sequence[str]) -> tuple[Pair, ...]:
         """An accepted `Allocate` of `ids` for one container: join the group; return the pairs it completes."""
         before = self.groups.current()
         self.groups.on_allocate(resource, ids)
+        self._allocates += 1
         if resource in before:  # this Allocate starts the next container's group
             return ()
         return tuple(Pair(d, p, w) for d, p, w in self.index.match(resource, list(ids), before))

@@ -35,6 +35,15 @@ that changes) and partners are used as the call sequence gives them. A call
 that fails or takes longer than `timeout_s` leaves the partners as they are:
 the check may only ever remove a wrong guess, never delay an answer much.
 
+Cost (issue 19): the answer is capped at `MAX_ANSWER_BYTES`; gRPC refuses a
+larger one before decoding it (a WARNING names the size and the cap, and the
+partners are left as the call sequence gives them). An accepted answer is
+decoded and turned into `Holdings` in a worker thread, never on the event
+loop the other resource's RPCs are served from: a 13 MiB answer decoded on
+the loop stalled it for 0.5 s (the issue's machine) to 2.6 s (a loaded CI
+machine). Why the cap is safe: a 110-pod node's answer is far smaller
+(figures in docs/pairing.md, measured by `benchmarks/pod_resources_bench.py`).
+
 Caveat (a kubelet race, not ours): `List` runs the device manager's
 `UpdateAllocatedDevices`, which rebuilds its in-use set when a pod has just
 left; the kubelet's own comments note that a `List` from any client during
@@ -44,24 +53,34 @@ check keeps such calls to one per container at most.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from .api.podresources.v1 import api_pb2, api_pb2_grpc
+from .api.podresources.v1 import api_pb2
 
 log = logging.getLogger(__name__)
 
 #: The socket under the kubelet's root directory.
 SOCKET_IN_ROOT = os.path.join("pod-resources", "kubelet.sock")
-#: The kubelet's own limit for pod-resources messages (podresources.DefaultMaxMsgSize, 16 MiB).
-MAX_MESSAGE_BYTES = 16 << 20
+#: The largest `List` answer accepted (the kubelet's own limit, podresources.DefaultMaxMsgSize, is
+#: 16 MiB). A 110-pod node answers about 13 KiB typically and 458 KiB with 8 GPUs and 8 NICs in
+#: every one of 440 containers (docs/pairing.md); a larger answer is refused by gRPC before decoding.
+MAX_ANSWER_BYTES = 4 << 20
 DEFAULT_TIMEOUT_S = 0.25
+#: The method, called without a response deserializer: the raw answer is decoded in a thread.
+LIST_METHOD = "/v1.PodResourcesLister/List"
 #: Failures of one call that say nothing about access (logged at debug, the state is kept).
 _PASSING = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED})
+#: How gRPC says an answer was over `grpc.max_receive_message_length` (RESOURCE_EXHAUSTED, as the
+#: kubelet's rate limit says "rejected by rate limit"): "Received message larger than max (N vs. M)".
+_TOO_LARGE = re.compile(r"larger than max \((\d+) vs\. (\d+)\)")
 
 
 def socket_path(kubelet_root_dir: str) -> str:
@@ -118,21 +137,27 @@ def drop_stale(resource: str, group: Mapping[str, tuple[str, ...]], holdings: Ho
     return out
 
 
+def _decode(raw: bytes) -> Holdings:
+    """The answer's bytes as `Holdings` (a worker thread's job: it is the costly part)."""
+    return Holdings.from_list(api_pb2.ListPodResourcesResponse.FromString(raw))
+
+
 class PodResourcesReader:
     """Calls `List` on the kubelet's pod-resources socket; None when it cannot be read."""
 
-    def __init__(self, path: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, path: str, timeout_s: float = DEFAULT_TIMEOUT_S, max_answer_bytes: int = MAX_ANSWER_BYTES):
         self.path = path
         self.timeout_s = timeout_s
+        self.max_answer_bytes = max_answer_bytes
         self._channel: grpc.aio.Channel | None = None
-        self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
-        #: "ok", "missing" or "failing": each change is logged once at INFO.
+        self._list: grpc.aio.UnaryUnaryMultiCallable | None = None
+        #: "ok", "missing", "failing" or "too-large": each change is logged once (INFO; WARNING for too-large).
         self.state = ""
 
-    def _set_state(self, state: str, message: str, **extra: object) -> None:
+    def _set_state(self, state: str, message: str, level: int = logging.INFO, **extra: object) -> None:
         if state != self.state:
             self.state = state
-            log.info(message, extra={"socket": self.path, **extra})
+            log.log(level, message, extra={"socket": self.path, **extra})
 
     async def holdings(self) -> Holdings | None:
         if not os.path.exists(self.path):
@@ -140,24 +165,40 @@ class PodResourcesReader:
                                        "against the containers' devices")
             await self.close()
             return None
-        if self._stub is None:
+        if self._list is None:
             self._channel = grpc.aio.insecure_channel(
-                f"unix:{self.path}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
+                f"unix:{self.path}", options=[("grpc.max_receive_message_length", self.max_answer_bytes)])
+            self._list = self._channel.unary_unary(
+                LIST_METHOD, request_serializer=api_pb2.ListPodResourcesRequest.SerializeToString)
         try:
-            resp = await self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
+            raw = await self._list(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as e:
             reason = f"{e.code().name}: {e.details()}"
-            if e.code() in _PASSING:  # a busy kubelet (its rate limit, our timeout): this call only
+            too_large = (_TOO_LARGE.search(e.details() or "")
+                         if e.code() is grpc.StatusCode.RESOURCE_EXHAUSTED else None)
+            if too_large is not None:
+                size = int(too_large.group(1))
+                self._set_state("too-large", f"pod-resources answer refused: {size} bytes, over the cap of "
+                                             f"{self.max_answer_bytes} bytes; pairing partners are not checked "
+                                             "against the containers' devices", logging.WARNING,
+                                size_bytes=size, cap_bytes=self.max_answer_bytes)
+            elif e.code() in _PASSING:  # a busy kubelet (its rate limit, our timeout): this call only
                 log.debug("pod-resources List failed; partners left as they are", extra={"reason": reason})
             else:
                 self._set_state("failing", "cannot read pod-resources: pairing partners are not checked "
                                            "against the containers' devices", reason=reason)
             return None
+        try:
+            holdings = await asyncio.to_thread(_decode, raw)
+        except DecodeError as e:
+            self._set_state("failing", "cannot read pod-resources: the answer is not a pod-resources List answer; "
+                                       "pairing partners are not checked against the containers' devices",
+                            reason=str(e))
+            return None
         self._set_state("ok", "reading pod-resources to check pairing partners")
-        return Holdings.from_list(resp)
+        return holdings
 
     async def close(self) -> None:
-        channel, self._channel, self._stub = self._channel, None, None
+        channel, self._channel, self._list = self._channel, None, None
         if channel is not None:
             await channel.close()

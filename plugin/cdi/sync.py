@@ -9,9 +9,10 @@ be touched at all, and what a failure means belong here.
 - The directory is only touched once a resource has a spec (a CDI device
   list strategy with `--cdi-specs write`), or to remove what this process
   wrote: a daemon with `envvar` never creates or cleans /var/run/cdi.
-- At start a failure stops the daemon (exit 1: a container given CDI names
-  without a spec cannot be created); later it is logged and the last
-  written specs stay.
+- At start a failure stops the daemon (exit 1 with the fix the cause calls
+  for: a container given CDI names without a spec cannot be created); later
+  it is logged and the last written specs stay; at shutdown it is a warning
+  (the exit stays 0).
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ class SpecSync:
             result = self.writer.sync(specs)
         except CdiWriteError as e:
             if at_start:
-                raise CdiSyncError(f"{e} (fix: mount the host's {self.writer.directory} into the container "
-                                   "writable, or point --cdi-spec-dir at a directory the runtime reads)") from None
-            log.error("CDI specs not updated; containers may get stale devices", extra={"reason": str(e)})
+                raise CdiSyncError(f"{e} (fix: {e.fix})") from None
+            log.error("CDI specs not updated; containers may get stale devices",
+                      extra={"reason": str(e), "fix": e.fix})
             return
         self.active = bool(specs)
         if result.written or result.removed:
@@ -61,11 +62,12 @@ class SpecSync:
                                                  "removed": ", ".join(result.removed) or "-"})
 
     def remove_all(self) -> None:
-        """Shutdown: remove the specs this process wrote (a failure is logged)."""
+        """Shutdown: remove the specs this process wrote. A failure is a warning, never a failed exit:
+        the service is already stopped, and the next start replaces or removes what is left."""
         if self.writer is None or not self.active:
             return
         try:
             self.writer.remove_all()
             self.active = False
         except CdiWriteError as e:
-            log.error("CDI specs not removed at shutdown", extra={"reason": str(e)})
+            log.warning("CDI specs not removed at shutdown", extra={"reason": str(e), "fix": e.fix})

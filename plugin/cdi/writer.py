@@ -20,6 +20,7 @@ a device is listed), again on every topology or config change, and
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import tempfile
@@ -32,7 +33,45 @@ log = logging.getLogger(__name__)
 
 
 class CdiWriteError(OSError):
-    """A spec file could not be written or removed; the message names the path and the cause."""
+    """A spec file could not be written, listed or removed; the message names the path and the cause.
+
+    `fix` says what to change on the node, chosen by the cause: the directory replaced by a file,
+    a read-only or unwritable mount, a full disk. Callers add it to their own message (a start-up
+    error, a claim's error, a shutdown warning).
+    """
+
+    def __init__(self, message: str, directory: str, cause: OSError | None = None):
+        super().__init__(message)
+        self.directory = directory
+        self.fix = fix_for(cause, directory)
+
+
+def fix_for(cause: OSError | None, directory: str) -> str:
+    """What to change on the node for `cause`, an error met in the spec directory `directory`."""
+    code = cause.errno if cause is not None else None
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        return (f"{_not_a_directory(directory)} is not a directory: remove or rename it (the runtime reads CDI "
+                "specs from a directory), or point --cdi-spec-dir at the runtime's spec directory")
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"mount the host's {directory} into the container writable, or point --cdi-spec-dir at a "
+                "directory the runtime reads")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on the filesystem that holds {directory}"
+    return f"check {directory} on the node: it must be a writable directory the container runtime reads"
+
+
+def _not_a_directory(directory: str) -> str:
+    """`directory` or the nearest of its parents that exists and is not a directory (the one to fix)."""
+    path = os.path.abspath(directory)
+    while path != os.path.dirname(path):
+        if os.path.lexists(path) and not os.path.isdir(path):
+            return path
+        path = os.path.dirname(path)
+    return directory
+
+
+def _cause(e: OSError) -> str:
+    return e.strerror or str(e)
 
 
 @dataclass(frozen=True)
@@ -58,6 +97,8 @@ class CdiSpecWriter:
             return sorted(n for n in os.listdir(self.directory) if self._ours(n))
         except FileNotFoundError:
             return []
+        except OSError as e:
+            raise CdiWriteError(f"cannot list CDI specs in {self.directory}: {_cause(e)}", self.directory, e) from e
 
     def write(self, spec: CdiSpec, file_name: str | None = None) -> bool:
         """Write `spec` atomically; False (and nothing touched) when the file already holds it.
@@ -78,12 +119,13 @@ class CdiSpecWriter:
         except (FileNotFoundError, UnicodeDecodeError):
             pass
         except OSError as e:
-            raise CdiWriteError(f"cannot read CDI spec {target}: {e.strerror or e}") from e
+            raise CdiWriteError(f"cannot read CDI spec {target}: {_cause(e)}", self.directory, e) from e
         try:
             os.makedirs(self.directory, mode=0o755, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{file_name}.", suffix=".tmp", dir=self.directory)
         except OSError as e:
-            raise CdiWriteError(f"cannot create a CDI spec in {self.directory}: {e.strerror or e}") from e
+            raise CdiWriteError(f"cannot create a CDI spec in {self.directory}: {_cause(e)}", self.directory,
+                                e) from e
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -97,7 +139,7 @@ class CdiSpecWriter:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise CdiWriteError(f"cannot write CDI spec {target}: {e.strerror or e}") from e
+            raise CdiWriteError(f"cannot write CDI spec {target}: {_cause(e)}", self.directory, e) from e
         log.info("wrote CDI spec", extra={"path": target, "kind": spec.kind, "devices": len(spec.devices)})
         return True
 
@@ -139,8 +181,12 @@ class CdiSpecWriter:
         except FileNotFoundError:
             return
         except OSError as e:
-            raise CdiWriteError(f"cannot remove CDI spec {path}: {e.strerror or e}") from e
-        self._sync_dir()
+            raise CdiWriteError(f"cannot remove CDI spec {path}: {_cause(e)}", self.directory, e) from e
+        try:
+            self._sync_dir()
+        except OSError as e:
+            raise CdiWriteError(f"cannot sync {self.directory} after removing {name}: {_cause(e)}",
+                                self.directory, e) from e
         log.info("removed CDI spec", extra={"path": path})
 
     def _sync_dir(self) -> None:

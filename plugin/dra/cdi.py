@@ -18,6 +18,15 @@ devices appear and disappear together; device names carry the claim UID
 (`<uid>-gpu-0`), so two claims never define the same name within the kind
 `<driver>/claim`. The device-plugin side's own specs (`topo-dp.*`) are never
 touched, nor are these touched by it.
+
+Errors, by kind (issue 19: each came back as "internal error" with a traceback):
+- `BadClaimUid`: the claim UID cannot name a file (too long, a path, odd
+  characters); the request is bad, the claim is refused, nothing is touched.
+  The API server only ever issues UUIDs (36 characters), so the rule below
+  refuses no real claim.
+- `CdiDirError`: the node's CDI directory is unusable (replaced by a file,
+  read-only, full); the message gives the reason and the fix. At start it is
+  a `RuntimeFailure` (exit 1 with the fix).
 """
 
 from __future__ import annotations
@@ -31,10 +40,38 @@ from typing import Protocol
 from allocator.topology import Device, DeviceKind
 
 from ..cdi import CdiOptions, CdiSpecWriter, claim_spec
+from ..cdi.writer import CdiWriteError
+from ..errors import RuntimeFailure, shorten
 
 log = logging.getLogger(__name__)
 
 _ENV_BAD = re.compile(r"[^A-Za-z0-9_]")
+#: A claim UID names files: letters, digits, '-', '_' and '.', not first (no hidden names, no "..").
+_UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: Far above a Kubernetes UID (a 36-character UUID), far below a file name's 255 bytes with our prefix.
+MAX_CLAIM_UID = 128
+
+
+class BadClaimUid(ValueError):
+    """The kubelet asked about a claim whose UID cannot name a CDI spec file: the request is refused."""
+
+
+class CdiDirError(RuntimeFailure):
+    """The node's CDI spec directory cannot be used; the message has the reason and the fix."""
+
+
+def check_claim_uid(uid: str) -> None:
+    """Raise `BadClaimUid` unless `uid` can name the claim's spec file (see the module doc)."""
+    if len(uid) > MAX_CLAIM_UID:
+        raise BadClaimUid(f"claim UID {shorten(uid, 60)} is {len(uid)} characters long; a Kubernetes UID has 36 "
+                          f"and this driver accepts at most {MAX_CLAIM_UID} (it names the claim's CDI spec file)")
+    if not _UID_RE.match(uid):
+        raise BadClaimUid(f"claim UID {shorten(uid, 60)} is not a Kubernetes UID: use letters, digits, '-', '_' "
+                          "or '.', not first (it names the claim's CDI spec file)")
+
+
+def _dir_error(e: CdiWriteError) -> CdiDirError:
+    return CdiDirError(f"{e} (fix: {e.fix})")
 
 
 class ClaimCdi(Protocol):
@@ -79,15 +116,29 @@ class ClaimSpecs:
         return os.path.join(self.writer.directory, self.file_name(claim_uid))
 
     def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]]) -> list[list[str]]:
+        check_claim_uid(claim_uid)
         named = [(f"{claim_uid}-{name}", d) for name, d in devices]
         spec = claim_spec(self.kind, named, self.options, [device_env(name, d) for name, d in devices])
-        self.writer.write(spec, self.file_name(claim_uid))
+        try:
+            self.writer.write(spec, self.file_name(claim_uid))
+        except CdiWriteError as e:
+            raise _dir_error(e) from None
         return [[spec.qualified(n)] for n, _ in named]
 
     def remove_claim_spec(self, claim_uid: str) -> None:
-        self.writer.remove(self.file_name(claim_uid))
+        check_claim_uid(claim_uid)
+        try:
+            self.writer.remove(self.file_name(claim_uid))
+        except CdiWriteError as e:
+            raise _dir_error(e) from None
 
     def claim_uids(self) -> list[str]:
-        """Claims that have a spec file here (to find specs no checkpoint entry owns)."""
-        return [n[len(self._prefix):-len(".json")] for n in self.writer.owned_files()
+        """Claims that have a spec file here (to find specs no checkpoint entry owns). A file whose
+        name holds no valid UID is not one this driver wrote, and is left alone."""
+        try:
+            names = self.writer.owned_files()
+        except CdiWriteError as e:
+            raise _dir_error(e) from None
+        uids = [n[len(self._prefix):-len(".json")] for n in names
                 if n.startswith(self._prefix) and n.endswith(".json")]
+        return [u for u in uids if len(u) <= MAX_CLAIM_UID and _UID_RE.match(u)]

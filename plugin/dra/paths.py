@@ -20,7 +20,10 @@ socket is per instance too.
 
 A new instance removes only sockets of its own driver that nobody listens on
 any more (connect() is refused): sockets of a live older instance are never
-touched, and a crashed instance's sockets do not pile up.
+touched, and a crashed instance's sockets do not pile up. Anything else found
+where a directory or one of this instance's sockets goes (a file, a
+directory) is never removed: start-up stops before serving anything, with
+`DraPathError` naming the path and the fix (exit 1).
 """
 
 from __future__ import annotations
@@ -34,9 +37,23 @@ import stat
 import uuid
 from dataclasses import dataclass
 
+from ..errors import RuntimeFailure
+
 #: Longest path a unix socket may have on Linux (sun_path is 108 bytes with the NUL).
 UNIX_PATH_MAX = 107
 _INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class DraPathError(RuntimeFailure):
+    """Something that is not ours sits where the driver's directories or sockets go (exit 1, with the fix)."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a file" if stat.S_ISREG(mode) else "something other than a socket"
 
 
 def new_instance_id() -> str:
@@ -87,8 +104,23 @@ class DraPaths:
         return os.path.join(self.plugin_dir, "serialize.lock")
 
     def make_dirs(self) -> None:
-        os.makedirs(self.registry_dir, exist_ok=True)
-        os.makedirs(self.plugin_dir, mode=0o750, exist_ok=True)
+        """Create the directories, and check that nothing but a socket sits at this instance's socket paths:
+        raises `DraPathError` (before anything is served, so nothing is left to clean up)."""
+        for directory, mode in ((self.registry_dir, 0o755), (self.plugin_dir, 0o750)):
+            try:
+                os.makedirs(directory, mode=mode, exist_ok=True)
+            except OSError as e:
+                raise DraPathError(f"cannot create the DRA directory {directory}: {e.strerror or e} (fix: make "
+                                   f"{directory} a directory the plugin can write: remove a file of that name, or "
+                                   "mount the kubelet's root directory writable)") from None
+        for path in (self.registration_socket, self.service_socket):
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISSOCK(mode):
+                raise DraPathError(f"{path}: {_kind(mode)} sits where the DRA driver's socket goes (fix: remove it; "
+                                   "the driver creates its socket there and never removes what is not a socket)")
 
     def stale_sockets(self) -> list[str]:
         """Sockets of this driver (any instance but ours) that refuse connections."""

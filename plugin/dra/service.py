@@ -9,6 +9,11 @@ consumable capacity is not offered).
 
 Every per-claim problem goes into that claim's `error` field; the RPC itself
 fails only for a malformed request (INVALID_ARGUMENT naming the problem).
+The claim's error says what kind of problem it is (issue 19): the claim is
+bad (`PrepareError`, `BadClaimUid`: a refusal, logged as a warning), or the
+node is misconfigured (`CdiDirError`: the reason and the fix, logged as an
+error). Neither is a bug, so neither is logged with a traceback; only what is
+left ("internal error") is.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from ..api.dra.v1beta1 import api_pb2 as dra_v1beta1
 from ..api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from ..api.pluginregistration.v1 import api_pb2 as reg_pb2
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from ..errors import shorten
+from .cdi import BadClaimUid, CdiDirError, check_claim_uid
 from .prepare import ClaimPreparer, ClaimRef, PrepareError
 
 log = logging.getLogger(__name__)
@@ -57,14 +64,10 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
 
         async def _prepare(self, ref: ClaimRef):
             try:
+                check_claim_uid(ref.uid)
                 prepared = await self.preparer.prepare(ref)
-            except PrepareError as e:
-                log.warning("prepare failed", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
-                                                     "reason": str(e), "api": version})
-                return pb2.NodePrepareResourceResponse(error=str(e))
             except Exception as e:  # noqa: BLE001 (a request must never take the driver down)
-                log.exception("prepare failed unexpectedly", extra={"uid": ref.uid})
-                return pb2.NodePrepareResourceResponse(error=f"internal error: {type(e).__name__}: {e}")
+                return pb2.NodePrepareResourceResponse(error=_claim_error("prepare", ref, e, version))
             return pb2.NodePrepareResourceResponse(devices=[
                 pb2.Device(request_names=list(d.requests), pool_name=d.pool, device_name=d.device,
                            cdi_device_ids=list(d.cdi_device_ids))
@@ -80,14 +83,27 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
 
         async def _unprepare(self, ref: ClaimRef) -> str:
             try:
+                check_claim_uid(ref.uid)
                 await self.preparer.unprepare(ref)
             except Exception as e:  # noqa: BLE001
-                log.warning("unprepare failed", extra={"uid": ref.uid, "reason": str(e), "api": version})
-                return str(e) if isinstance(e, PrepareError) else f"internal error: {type(e).__name__}: {e}"
+                return _claim_error("unprepare", ref, e, version)
             return ""
 
     DraService.__name__ = f"DraService_{version}"
     return DraService
+
+
+def _claim_error(what: str, ref: ClaimRef, e: Exception, version: str) -> str:
+    """The claim's `error` text for `e`, logged by kind (module doc)."""
+    where = {"claim": f"{ref.namespace}/{ref.name}", "uid": shorten(ref.uid, 60), "api": version}
+    if isinstance(e, (PrepareError, BadClaimUid)):  # the claim or the request is bad
+        log.warning(f"{what} refused", extra={**where, "reason": str(e)})
+        return str(e)
+    if isinstance(e, CdiDirError):  # the node is misconfigured: the message holds the fix
+        log.error(f"{what} failed: the node's CDI directory is unusable", extra={**where, "reason": str(e)})
+        return str(e)
+    log.exception(f"{what} failed unexpectedly (a bug)", extra=where)
+    return f"internal error: {type(e).__name__}: {e}"
 
 
 DraServiceV1 = _servicer(dra_v1, dra_v1_grpc, "v1")

@@ -173,7 +173,9 @@ def test_serve_stops_with_the_fix_when_the_spec_directory_cannot_be_written(tmp_
                                  "--cdi-spec-dir", str(blocker / "cdi"), "--device-plugin-path", str(tmp_path / "dp")])
     assert r.exit_code == 1, r.output
     assert f"CDI spec {blocker / 'cdi'}/topo-dp.nvidia.com-gpu.json: Not a directory" in r.output, r.output
-    assert "(fix: mount the host's" in r.output and "--cdi-spec-dir" in r.output
+    # The fix names what is in the way (the file above the directory), not the directory.
+    assert f"(fix: {blocker} is not a directory: remove or rename it" in r.output, r.output
+    assert "--cdi-spec-dir" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "dp" / "topo-nvidia.com-gpu.sock").exists()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -10,6 +11,7 @@ import stat
 import pytest
 
 from plugin.cdi import CdiOptions, CdiSpecWriter, CdiWriteError, spec_for_resource
+from plugin.cdi.writer import fix_for
 
 from cdi_nodes import mig_resource, nic_resource, resources_of
 
@@ -95,6 +97,59 @@ def test_write_error_names_the_path(tmp_path: pathlib.Path) -> None:
         CdiSpecWriter(str(blocker)).sync(specs()[:1])
     # A missing directory is simply empty for removal.
     assert CdiSpecWriter(str(tmp_path / "missing")).remove_all() == []
+
+
+def test_a_spec_directory_replaced_by_a_file_is_an_error_with_the_fix_for_every_operation(
+        tmp_path: pathlib.Path) -> None:
+    """Listing (start, shutdown), writing and removing: a CdiWriteError naming the path, and a fix that
+    names what is in the way, never a bare NotADirectoryError."""
+    cdi = tmp_path / "cdi"
+    writer = CdiSpecWriter(str(cdi))
+    writer.sync(specs()[:1])
+    name = specs()[0].file_name
+    for f in cdi.iterdir():
+        f.unlink()
+    cdi.rmdir()
+    cdi.write_text("in the way\n")
+    for operation in (writer.owned_files, writer.remove_all, lambda: writer.write(specs()[0]),
+                      lambda: writer.remove(name)):
+        with pytest.raises(CdiWriteError) as e:
+            operation()
+        assert str(cdi) in str(e.value) and "Not a directory" in str(e.value)
+        assert e.value.fix.startswith(f"{cdi} is not a directory: remove or rename it"), e.value.fix
+    # Deeper: the directory's parent is the file; the fix names the parent.
+    for operation in (CdiSpecWriter(str(cdi / "deeper")).owned_files,
+                      lambda: CdiSpecWriter(str(cdi / "deeper")).write(specs()[0])):
+        with pytest.raises(CdiWriteError) as e:
+            operation()
+        assert e.value.fix.startswith(f"{cdi} is not a directory")
+
+
+@pytest.mark.parametrize("code,words", [
+    (errno.EROFS, "writable"), (errno.EACCES, "writable"), (errno.ENOSPC, "free space"), (errno.EIO, "check"),
+])
+def test_the_fix_follows_the_cause(tmp_path: pathlib.Path, code: int, words: str) -> None:
+    fix = fix_for(OSError(code, os.strerror(code)), str(tmp_path))
+    assert words in fix and str(tmp_path) in fix
+
+
+def test_shutdown_with_a_broken_directory_is_a_warning(tmp_path: pathlib.Path, caplog) -> None:
+    from plugin.cdi.sync import SpecSync
+    from plugin.gpu_allocate import GpuAllocateOptions
+    from plugin.resources import ResourceOptions, build_resources
+    from plugin.sources.simulated import load_simulated
+
+    cdi = tmp_path / "cdi"
+    sync = SpecSync(str(cdi))
+    sync.sync(build_resources(load_simulated("dgx-h100"), ResourceOptions(gpu_allocate=GpuAllocateOptions(device_list_strategy=("cdi-cri",)))))
+    assert sync.active and list(cdi.iterdir())
+    for f in cdi.iterdir():
+        f.unlink()
+    cdi.rmdir()
+    cdi.write_text("in the way\n")
+    sync.remove_all()  # never raises: the service has already stopped
+    [line] = [r for r in caplog.records if "not removed at shutdown" in r.getMessage()]
+    assert line.levelname == "WARNING" and "is not a directory" in line.fix and not line.exc_info
 
 
 def test_a_reader_never_sees_a_partial_file(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import tempfile
+
+import pytest
+from topo_testkit.pod_resources_standin import PodResourcesStandin
+
+from plugin.demo.device_manager import StandinDeviceManager, pod
 from plugin.pairing_service import PairingService
+from plugin.pod_resources import PodResourcesReader
 from plugin.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 
@@ -62,3 +71,40 @@ async def test_the_window_is_counted_from_the_last_allocate():
     s.on_allocate(GPU, ["4"])  # a call for GPUs: a new group, its window starts now
     clock.now = 2.5
     assert not await s.partners(NIC)
+
+
+
+@pytest.fixture
+def short_dir():
+    """A directory for a unix socket (108 bytes at most; pytest's tmp_path can be longer)."""
+    with tempfile.TemporaryDirectory(prefix="prs-", dir="/tmp") as d:
+        yield d
+
+
+async def test_a_cancelled_request_never_cancels_the_shared_pod_resources_query(short_dir):
+    """Two paired requests of one group share one List; the first is cancelled (its deadline passed)
+    while List is in flight: the second still gets the checked partners, from that same call."""
+    path = os.path.join(short_dir, "kubelet.sock")
+    dm = StandinDeviceManager(kubelet=None)  # List only reads the pods below
+    # Another container already holds GPU 4 and a NIC: List proves GPU 4 is no partner of a NIC request.
+    dm.specs["slow"] = pod("slow", {NIC: 1, GPU: 1}, names=("c",))
+    dm.pods["slow"] = {"c": {NIC: ("mlx5_0",), GPU: ("4",)}}
+    lister = PodResourcesStandin(dm)
+    lister.gate = asyncio.Event()
+    await lister.start(path)
+    s = service(window_s=600.0)
+    s.pod_resources = PodResourcesReader(path, timeout_s=120.0)  # the stand-in holds List: no deadline here
+    try:
+        s.on_allocate(GPU, ["2", "4"])
+        first = asyncio.create_task(s.partners(NIC))
+        await asyncio.wait_for(lister.listing.wait(), 60)
+        second = asyncio.create_task(s.partners(NIC))
+        first.cancel()
+        lister.gate.set()
+        p = await asyncio.wait_for(second, 60)
+        assert first.cancelled()
+        assert p.ids == (f"{GPU}=2",)  # GPU 4 dropped: List was read, and only once
+        assert lister.list_calls == 1
+    finally:
+        await s.close()
+        await lister.stop()

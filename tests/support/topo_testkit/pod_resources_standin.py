@@ -10,6 +10,7 @@ and answer UNIMPLEMENTED (the generated base class).
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import grpc
@@ -23,11 +24,23 @@ class PodResourcesStandin(api_pb2_grpc.PodResourcesListerServicer):
         self.manager = manager
         self.namespace = namespace
         self.list_calls = 0
+        #: Set when a List call arrives.
+        self.listing = asyncio.Event()
+        #: When set to an event, List waits for it before answering (a slow kubelet, held by a test).
+        self.gate: asyncio.Event | None = None
+        #: Extra pods, one GPU-holding container each, to make the answer as large as a test needs.
+        self.filler_pods = 0
         self._server: grpc.aio.Server | None = None
 
     async def List(self, request, context):  # noqa: N802 (gRPC name)
         self.list_calls += 1
+        self.listing.set()
+        if self.gate is not None:
+            await self.gate.wait()
         out = api_pb2.ListPodResourcesResponse()
+        for n in range(self.filler_pods):
+            filler = out.pod_resources.add(name=f"filler-{n}", namespace="elsewhere").containers.add(name="c")
+            filler.devices.add(resource_name="example.com/other", device_ids=[f"other-{n:08d}"])
         for uid, spec in self.manager.specs.items():
             got = self.manager.pods.get(uid, {})
             p = out.pod_resources.add(name=spec.name or uid, namespace=self.namespace)
