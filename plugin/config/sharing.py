@@ -11,8 +11,10 @@ a rule that can only be checked against the node's devices (in
 `plugin.time_slicing`) still names the place to fix.
 
 Where we differ from NVIDIA: `rename` and `devices` are honoured (NVIDIA
-parses them but ignores them with a "not yet supported" warning), and
-`sharing.mps` is refused (MPS needs NVIDIA's MPS control daemon; out of scope).
+parses them but ignores them with a "not yet supported" warning),
+`sharing.mps` is refused (MPS needs NVIDIA's MPS control daemon; out of scope),
+and a node advertises at most `MAX_REPLICAS` replicas (NVIDIA has no bound;
+a larger list never reaches the kubelet, see there).
 """
 
 from __future__ import annotations
@@ -30,6 +32,22 @@ from ..yamlpath import line_of
 SHARED_SUFFIX = ".shared"
 #: The domain NVIDIA puts in front of a name without one (`gpu` -> `nvidia.com/gpu`).
 NVIDIA_DOMAIN = "nvidia.com"
+
+#: The largest message the kubelet receives on a ListAndWatch stream: grpc-go's default client
+#: receive limit (4 MiB); the kubelet's device-plugin client sets no other (its `dial` passes only
+#: the authority, credentials, blocking and the unix dialer).
+KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: The most time-slicing replicas one resource may advertise, and the node in all. Why per
+#: resource: every ListAndWatch message is the whole list, and a list over
+#: `KUBELET_MAX_MESSAGE_BYTES` fails the kubelet's stream (RESOURCE_EXHAUSTED): the kubelet
+#: disconnects the plugin and marks every device of the resource unhealthy, again after each
+#: re-registration. Derived from the longest Device we send, a replica of a MIG device with a
+#: pre-R470 UUID (`MIG-GPU-<uuid>/<gi>/<ci>::24999`, health `Unhealthy`, a NUMA node up to 1023):
+#: 78 bytes in the message, so 25,000 of them take 1.86 MiB, under half the limit (the margin is
+#: for IDs we did not foresee); tests/sharing/test_replica_limit.py checks the arithmetic with
+#: protobuf's ByteSize. Why per node too: the daemon's memory grows with the replicas it serves
+#: (docs/sharing.md has the table), and the chart's memory limit is measured at this many.
+MAX_REPLICAS = 25_000
 
 
 class SharingError(InputError):
@@ -76,6 +94,12 @@ class TimeSlicing:
         return name + SHARED_SUFFIX if self.rename_by_default else name
 
 
+def device_limit_reason() -> str:
+    """Why `MAX_REPLICAS` exists, for error messages."""
+    return (f"the kubelet reads each resource's whole device list in one ListAndWatch message of at most "
+            f"{KUBELET_MAX_MESSAGE_BYTES // (1024 * 1024)} MiB")
+
+
 def qualify(name: str, domain: str = NVIDIA_DOMAIN) -> str:
     """`gpu` -> `<domain>/gpu` (NVIDIA prefixes names that have no domain); a full name stays."""
     return name if "/" in name else f"{domain}/{name}"
@@ -98,6 +122,13 @@ def parse_sharing(section: Mapping[str, Any] | None, root: yaml.Node | None, pat
     for i, raw in enumerate(ts["resources"]):
         where = f"{path}:{line_of(root, ['sharing', 'timeSlicing', 'resources', i])}: field " \
                 f"sharing.timeSlicing.resources[{i}]"
+        if raw["replicas"] > MAX_REPLICAS:  # before anything is built: no node can serve it
+            line = line_of(root, ["sharing", "timeSlicing", "resources", i, "replicas"])
+            raise SharingError(
+                f"{path}:{line}: field sharing.timeSlicing.resources[{i}].replicas: {raw['replicas']} is more than "
+                f"the {MAX_REPLICAS} replicas one resource may advertise ({device_limit_reason()}) "
+                f"(fix: lower replicas so that replicas x the devices the entry shares stays within "
+                f"{MAX_REPLICAS}: {MAX_REPLICAS // 8} on a node of 8 GPUs)")
         devices = raw.get("devices", "all")
         if devices == "all":
             selection = DeviceSelection()
