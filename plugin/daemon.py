@@ -354,6 +354,7 @@ class Daemon:
 
     async def _apply_topology(self, topology: NodeTopology) -> None:
         async with self._apply_lock:  # in arrival order, never two at once (the build awaits a thread)
+            log.debug("building resources", extra={"cause": "topology change"})
             try:
                 built = await asyncio.to_thread(_build, topology, self.resource_options)
             except InputError as e:
@@ -412,6 +413,7 @@ class Daemon:
                 # Built once, in a thread (thousands of replicas take a while; /healthz and the RPCs are
                 # answered meanwhile); options this node cannot serve (a MIG layout, a time-slicing
                 # entry) are refused whole.
+                log.debug("building resources", extra={"cause": "config change"})
                 try:
                     built = await asyncio.to_thread(_build, topology, options)
                 except InputError as e:

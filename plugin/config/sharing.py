@@ -37,17 +37,28 @@ NVIDIA_DOMAIN = "nvidia.com"
 #: receive limit (4 MiB); the kubelet's device-plugin client sets no other (its `dial` passes only
 #: the authority, credentials, blocking and the unix dialer).
 KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-#: The most time-slicing replicas one resource may advertise, and the node in all. Why per
-#: resource: every ListAndWatch message is the whole list, and a list over
-#: `KUBELET_MAX_MESSAGE_BYTES` fails the kubelet's stream (RESOURCE_EXHAUSTED): the kubelet
-#: disconnects the plugin and marks every device of the resource unhealthy, again after each
-#: re-registration. Derived from the longest Device we send, a replica of a MIG device with a
-#: pre-R470 UUID (`MIG-GPU-<uuid>/<gi>/<ci>::24999`, health `Unhealthy`, a NUMA node up to 1023):
-#: 78 bytes in the message, so 25,000 of them take 1.86 MiB, under half the limit (the margin is
-#: for IDs we did not foresee); tests/sharing/test_replica_limit.py checks the arithmetic with
-#: protobuf's ByteSize. Why per node too: the daemon's memory grows with the replicas it serves
-#: (docs/sharing.md has the table), and the chart's memory limit is measured at this many.
-MAX_REPLICAS = 25_000
+#: The largest request the daemon reads (`plugin.server.MAX_REQUEST_BYTES`, which keeps hostile
+#: requests from costing memory); repeated here because this module must not import the server.
+DAEMON_MAX_REQUEST_BYTES = 1 << 20
+#: The most time-slicing replicas one resource may advertise, and the node in all.
+#:
+#: Why per resource: both directions of the kubelet protocol carry a whole resource at once. The
+#: kubelet's GetPreferredAllocation lists every free device in `available_deviceIDs` (and the
+#: ones it keeps in `must_include_deviceIDs`): past `DAEMON_MAX_REQUEST_BYTES` the request is
+#: refused and pod admission fails. Our ListAndWatch message is the whole list: past
+#: `KUBELET_MAX_MESSAGE_BYTES` the kubelet's stream fails (RESOURCE_EXHAUSTED), it disconnects
+#: the plugin and marks every device unhealthy, again after each re-registration. For the longest
+#: ID we can send, a replica of a MIG device with a pre-R470 UUID
+#: (`MIG-GPU-<uuid>/<gi>/<ci>::7999`, 55 characters), protobuf's ByteSize gives 57 bytes per ID
+#: in a request and 77 per Device (health `Unhealthy`, a NUMA node up to 1023) in a list. The
+#: request binds: 8,000 IDs listed twice (every one available *and* must-include, the most a
+#: request can hold) take 912,000 bytes, 87% of the 1 MiB cap; a usual request (UUID replica IDs,
+#: few must-include) takes under 40% of it. The list takes 616,000 bytes, 15% of the kubelet's
+#: 4 MiB. tests/sharing/test_replica_limit.py checks this arithmetic.
+#:
+#: Why per node too: the daemon's memory grows with the replicas it serves (docs/sharing.md has
+#: the table), and the chart's memory limit is measured at this many.
+MAX_REPLICAS = 8_000
 
 
 class SharingError(InputError):
@@ -96,8 +107,9 @@ class TimeSlicing:
 
 def device_limit_reason() -> str:
     """Why `MAX_REPLICAS` exists, for error messages."""
-    return (f"the kubelet reads each resource's whole device list in one ListAndWatch message of at most "
-            f"{KUBELET_MAX_MESSAGE_BYTES // (1024 * 1024)} MiB")
+    return (f"the kubelet sends every free replica's ID in one GetPreferredAllocation request, which the daemon "
+            f"reads up to {DAEMON_MAX_REQUEST_BYTES >> 20} MiB, and receives the whole list in one ListAndWatch "
+            f"message of at most {KUBELET_MAX_MESSAGE_BYTES >> 20} MiB")
 
 
 def qualify(name: str, domain: str = NVIDIA_DOMAIN) -> str:
