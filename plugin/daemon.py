@@ -354,9 +354,8 @@ class Daemon:
 
     async def _apply_topology(self, topology: NodeTopology) -> None:
         async with self._apply_lock:  # in arrival order, never two at once (the build awaits a thread)
-            log.debug("building resources", extra={"cause": "topology change"})
             try:
-                built = await asyncio.to_thread(_build, topology, self.resource_options)
+                built = await _build_off_loop(topology, self.resource_options, "topology change")
             except InputError as e:
                 log.warning("new topology ignored", extra={"reason": str(e)})
                 return
@@ -413,9 +412,8 @@ class Daemon:
                 # Built once, in a thread (thousands of replicas take a while; /healthz and the RPCs are
                 # answered meanwhile); options this node cannot serve (a MIG layout, a time-slicing
                 # entry) are refused whole.
-                log.debug("building resources", extra={"cause": "config change"})
                 try:
-                    built = await asyncio.to_thread(_build, topology, options)
+                    built = await _build_off_loop(topology, options, "config change")
                 except InputError as e:
                     log.warning("config change ignored; keeping the running configuration",
                                 extra={"config": self.options.config_path, "reason": str(e)})
@@ -553,6 +551,15 @@ class Daemon:
 def _build(topology: NodeTopology, options: ResourceOptions) -> tuple[list[Resource], list[Resource]]:
     """(device-plugin resources, DRA resources) for `topology`; run in a thread, it touches no daemon state."""
     return split(build_resources(topology, options), options.dra_resources)
+
+
+async def _build_off_loop(topology: NodeTopology, options: ResourceOptions,
+                          cause: str) -> tuple[list[Resource], list[Resource]]:
+    """`_build` in a worker thread: thousands of replicas take a while, and the loop keeps answering meanwhile."""
+    log.debug("building resources", extra={"cause": cause})
+    built = await asyncio.to_thread(_build, topology, options)
+    log.debug("resources built", extra={"cause": cause, "devices": sum(len(r.devices) for r in built[0])})
+    return built
 
 
 def run_daemon(make: Callable[[], Daemon]) -> int:

@@ -34,6 +34,7 @@ from plugin.config.sharing import MAX_REPLICAS, TimeSlicing, SharedResource
 from plugin.daemon import Daemon, DaemonOptions
 from plugin.demo.kubelet_standin import KubeletStandin
 from plugin.resources import ResourceOptions
+from plugin.sources.simulated import builtin_text
 from plugin.sources.simulated.source import SimulatedSource
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -240,14 +241,17 @@ async def test_a_live_edit_past_the_bound_is_ignored_and_the_daemon_keeps_servin
     assert daemon.proc.poll() is None and len(kubelet.devices(GPU)) == 80
 
 
-async def test_rpcs_are_answered_while_a_large_rebuild_runs(plugin_dir, tmp_path, caplog):
-    """The rebuild after a live edit runs in a thread: GetDevicePluginOptions is answered between its start
-    and its end, in the daemon's own order of events (one log, one process)."""
+@pytest.mark.parametrize("cause", ["config change", "topology change"])
+async def test_rpcs_are_answered_while_a_large_rebuild_runs(plugin_dir, tmp_path, caplog, cause):
+    """The rebuild after a live edit (of the config, or of the node) runs in a thread: GetDevicePluginOptions
+    is answered between its start and its end, in the daemon's own order of events (one log, one process)."""
     caplog.set_level(logging.INFO, logger="test.rpc")
     caplog.set_level(logging.DEBUG, logger="plugin.daemon")  # last: it sets the capture's level too
     answered = logging.getLogger("test.rpc")
     config = tmp_path / "config.yaml"
-    config.write_text(config_text(2))
+    config.write_text(config_text(PER_GPU))
+    node = tmp_path / "node.yaml"  # a simulated node in a file is watched: edits are topology changes
+    node.write_text(builtin_text("dgx-a100"))
 
     def options(replicas: int) -> ResourceOptions:
         return ResourceOptions(device_id_strategy="uuid",
@@ -255,12 +259,12 @@ async def test_rpcs_are_answered_while_a_large_rebuild_runs(plugin_dir, tmp_path
 
     kubelet = KubeletStandin(plugin_dir)
     await kubelet.start()
-    daemon = Daemon(SimulatedSource("dgx-a100"), DaemonOptions(plugin_dir=plugin_dir, config_path=str(config)),
-                    options(2), reload_resources=lambda: options(PER_GPU))
+    daemon = Daemon(SimulatedSource(str(node)), DaemonOptions(plugin_dir=plugin_dir, config_path=str(config)),
+                    options(PER_GPU), reload_resources=lambda: options(PER_GPU - 1))
     stop, polling = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(daemon.run(stop, install_signals=False))
     try:
-        await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 2 * GPUS, timeout=30)
+        await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == MAX_REPLICAS, timeout=120)
         stub = kubelet.client(GPU).stub
 
         async def poll() -> None:
@@ -269,8 +273,14 @@ async def test_rpcs_are_answered_while_a_large_rebuild_runs(plugin_dir, tmp_path
                 answered.info("GetDevicePluginOptions answered")
 
         poller = asyncio.create_task(poll())
-        config.write_text(config_text(PER_GPU))  # what the file says is what `reload_resources` returns
-        await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == MAX_REPLICAS, timeout=180)
+        if cause == "config change":
+            config.write_text(config_text(PER_GPU - 1))  # what the file says is what `reload_resources` returns
+            await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == GPUS * (PER_GPU - 1), timeout=120)
+        else:
+            node.write_text(builtin_text("dgx-a100").replace("{name: GPU3, numa: 0,",
+                                                             "{name: GPU3, numa: 0, health: Unhealthy,"))
+            await kubelet.wait_for(lambda: sum(d.health == "Unhealthy" for d in kubelet.devices(GPU).values())
+                                   == PER_GPU, timeout=120)
         polling.set()
         await poller
     finally:
@@ -278,7 +288,8 @@ async def test_rpcs_are_answered_while_a_large_rebuild_runs(plugin_dir, tmp_path
         assert await asyncio.wait_for(task, 60) == 0
         await kubelet.stop()
     events = [r.getMessage() for r in caplog.records
-              if r.getMessage() in ("building resources", "config changed", "GetDevicePluginOptions answered")]
+              if (r.getMessage() in ("building resources", "resources built") and getattr(r, "cause", None) == cause)
+              or r.getMessage() == "GetDevicePluginOptions answered"]
     start = events.index("building resources")
-    end = events.index("config changed", start)
+    end = events.index("resources built", start)
     assert "GetDevicePluginOptions answered" in events[start + 1:end], events[max(0, start - 3):end + 3]
