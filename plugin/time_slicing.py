@@ -23,7 +23,10 @@ What an operator gets, as with NVIDIA's plugin (k8s-device-plugin
   refused with INVALID_ARGUMENT naming the rule (NVIDIA: "maximum request
   size for shared resources is 1");
 - health needs nothing extra: every replica is its GPU's `Device`, so a GPU
-  that turns Unhealthy turns all its replicas Unhealthy in the same list.
+  that turns Unhealthy turns all its replicas Unhealthy in the same list;
+- unlike NVIDIA, a resource and the node advertise at most `MAX_REPLICAS`
+  replicas (the kubelet's messages carry a whole resource at once); a config
+  past it is refused naming the entry's `replicas` and the count that fits.
 """
 
 from __future__ import annotations
@@ -150,7 +153,8 @@ def plan_time_slicing(ts: TimeSlicing, gpu_resource_name: str,
 def _check_size(entry: SharedResource, target: str, shared: int, in_target: int, in_node: int) -> None:
     """Refuse an entry that takes `target`, or the node, past `MAX_REPLICAS` replicas.
 
-    Per resource, because the kubelet must receive the whole list in one message; per node too,
+    Per resource, because both the kubelet's GetPreferredAllocation and our ListAndWatch carry the
+    whole resource in one message (`MAX_REPLICAS` says how the bound fits both); per node too,
     so the daemon's memory has one ceiling, measured in the reliability suite and set as the
     chart's limit (several renamed entries could otherwise each fill a resource). Checked before
     anything is built, so a huge count costs nothing.
