@@ -10,6 +10,11 @@ filled in, and recovers the parent-level view the policies search over.
   replica r of GPU g gets the ID `<g's ID>::<r>` (NVIDIA's annotated IDs), g's
   NUMA node, and g's link weight to the replicas of every *other* GPU; two
   replicas of one GPU have weight 0 (W(parents(S)) counts distinct GPUs only).
+  Its weights are an `InheritedWeights` view, not a table: a replica's links
+  are its GPU's, so the graph keeps one parent per replica and the GPUs'
+  own table. A full replica x replica table grew with the square of the
+  replica count (8 GPUs x 1,000 replicas: 490 MiB and seconds to build);
+  the view is linear in replicas and reads like the table (`w[i][j]`).
 - A MIG graph (`child_graph`) is built from the parents' graph and the list of
   (MIG device ID, parent ID) pairs; every pair weight is 0, because MIG devices
   never have NVLink peer access.
@@ -20,7 +25,8 @@ which keeps answers readable; the policies do not rely on it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import overload
 
 from .topology import DeviceGraph
 
@@ -51,6 +57,84 @@ def physical_id(device_id: str) -> str:
     return split[0] if split else device_id
 
 
+class _InheritedRow(Sequence[int]):
+    """Row i of `InheritedWeights`: the links of device i, read through parents."""
+
+    __slots__ = ("_parents", "_own", "_links")
+
+    def __init__(self, parents: tuple[int, ...], own: int, links: tuple[int, ...]):
+        self._parents = parents
+        self._own = own
+        self._links = links
+
+    def __len__(self) -> int:
+        return len(self._parents)
+
+    @overload
+    def __getitem__(self, j: int) -> int: ...
+    @overload
+    def __getitem__(self, j: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return tuple(self[k] for k in range(*j.indices(len(self))))
+        q = self._parents[j]
+        return 0 if q == self._own else self._links[q]
+
+    def __iter__(self) -> Iterator[int]:
+        own, links = self._own, self._links
+        return (0 if q == own else links[q] for q in self._parents)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # equal to tuples, so not hashable like one
+
+
+class InheritedWeights(Sequence[Sequence[int]]):
+    """The pair weights of devices that inherit their parent's links, without a device x device table.
+
+    `weights[i][j]` is 0 when devices i and j share a parent (two replicas of
+    one GPU add no link), else `parent_weights[parents[i]][parents[j]]`.
+    Memory is one parent position per device plus the parents' table, so a
+    replica graph grows linearly with the replica count. Reads like the
+    tuple table it replaces (`w[i][j]`, `len`, iteration, equality), so
+    scoring helpers and brute-force references work on it unchanged.
+    """
+
+    __slots__ = ("parents", "parent_weights")
+
+    def __init__(self, parents: tuple[int, ...], parent_weights: tuple[tuple[int, ...], ...]):
+        self.parents = parents
+        self.parent_weights = parent_weights
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    @overload
+    def __getitem__(self, i: int) -> Sequence[int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Sequence[int], ...]: ...
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[k] for k in range(*i.indices(len(self))))
+        p = self.parents[i]
+        return _InheritedRow(self.parents, p, self.parent_weights[p])
+
+    def __iter__(self) -> Iterator[Sequence[int]]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, InheritedWeights):
+            return self.parents == other.parents and self.parent_weights == other.parent_weights
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    def __hash__(self) -> int:
+        return hash((self.parents, self.parent_weights))
+
+    def __repr__(self) -> str:
+        return f"InheritedWeights({len(self.parents)} devices on {len(self.parent_weights)} parents)"
+
+
 def replica_graph(gpus: DeviceGraph, replicas: int | Mapping[str, int]) -> DeviceGraph:
     """The graph of a time-sliced resource built from the GPUs' graph.
 
@@ -73,20 +157,18 @@ def replica_graph(gpus: DeviceGraph, replicas: int | Mapping[str, int]) -> Devic
     numa: list[int | None] = []
     owner: list[int] = []  # position in `shared` of each replica's GPU
     for p, i in enumerate(shared):
-        for r in range(counts[gpus.ids[i]]):
-            ids.append(replica_id(gpus.ids[i], r))
-            numa.append(gpus.numa[i])
-            owner.append(p)
+        n = counts[gpus.ids[i]]
+        ids.extend(replica_id(gpus.ids[i], r) for r in range(n))
+        numa.extend([gpus.numa[i]] * n)
+        owner.extend([p] * n)
     w = gpus.weights
-    rows = tuple(
-        tuple(0 if owner[a] == owner[b] else w[shared[owner[a]]][shared[owner[b]]] for b in range(len(ids)))
-        for a in range(len(ids))
-    )
+    links = tuple(tuple(0 if a == b else w[a][b] for b in shared) for a in shared)
+    parents = tuple(owner)
     return DeviceGraph(
         ids=tuple(ids),
         numa=tuple(numa),
-        weights=rows,
-        parents=tuple(owner),
+        weights=InheritedWeights(parents, links),
+        parents=parents,
         parent_ids=tuple(gpus.ids[i] for i in shared),
     )
 
@@ -139,5 +221,8 @@ def parent_positions(graph: DeviceGraph) -> tuple[tuple[int, ...], tuple[str, ..
 def parent_weights(graph: DeviceGraph, representatives: Sequence[int]) -> list[list[int]]:
     """Pair weights between parents, read through one child position per parent."""
     w = graph.weights
+    if isinstance(w, InheritedWeights):  # the parents' own table: no per-device rows to build
+        pw, of = w.parent_weights, [w.parents[r] for r in representatives]
+        return [[0 if a == b else pw[pa][pb] for b, pb in enumerate(of)] for a, pa in enumerate(of)]
     return [[0 if a == b else w[ra][rb] for b, rb in enumerate(representatives)]
             for a, ra in enumerate(representatives)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 HEALTHY = "Healthy"
@@ -250,8 +250,10 @@ class DeviceGraph:
 
     ids: tuple[str, ...]
     numa: tuple[int | None, ...]
-    #: weights[i][j] = w(ids[i], ids[j]); 0 on the diagonal. Symmetric.
-    weights: tuple[tuple[int, ...], ...]
+    #: weights[i][j] = w(ids[i], ids[j]); 0 on the diagonal. Symmetric. A tuple of rows, or for
+    #: devices that inherit their parent's links (replicas) a view over the parents' table
+    #: (`allocator.subdevices.InheritedWeights`) that reads the same and grows linearly.
+    weights: Sequence[Sequence[int]]
     #: Physical port/function of each device (NICs); None for GPUs.
     ports: tuple[str | None, ...] = ()
     #: Devices that live on a physical GPU (time-slicing replicas, MIG devices):

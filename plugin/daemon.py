@@ -163,6 +163,8 @@ class Daemon:
         self._registering: dict[str, asyncio.Task] = {}
         self._side_tasks: set[asyncio.Task] = set()
         self._reload_lock = asyncio.Lock()
+        #: Builds and applies resources one at a time, in arrival order (a topology change, a reload).
+        self._apply_lock = asyncio.Lock()
         self._kubelet_seen: tuple | None = None
         #: GPU–NIC pairing, shared by every server; its index follows the resources.
         self.pairing = PairingService(
@@ -375,15 +377,19 @@ class Daemon:
         asyncio.get_running_loop().create_task(self._apply_topology(topology))
 
     async def _apply_topology(self, topology: NodeTopology) -> None:
-        try:
-            resources, dra_resources = split(build_resources(topology, self.resource_options),
-                                             self.resource_options.dra_resources)
-        except InputError as e:
-            log.warning("new topology ignored", extra={"reason": str(e)})
-            return
-        except Exception:  # a bug, not bad input: say so loudly, keep serving the last good topology
-            log.exception("new topology ignored: internal error (a bug)")
-            return
+        async with self._apply_lock:  # in arrival order, never two at once (the build awaits a thread)
+            try:
+                built = await _build_off_loop(topology, self.resource_options, "topology change")
+            except InputError as e:
+                log.warning("new topology ignored", extra={"reason": str(e)})
+                return
+            except Exception:  # a bug, not bad input: say so loudly, keep serving the last good topology
+                log.exception("new topology ignored: internal error (a bug)")
+                return
+            await self._install(topology, *built)
+
+    async def _install(self, topology: NodeTopology, resources: list[Resource], dra_resources: list[Resource]) -> None:
+        """Serve `resources` (built for `topology`) in place of what is served now."""
         self.topology = topology
         self.metrics.topology_updates.inc()
         if self.dra is not None:
@@ -391,8 +397,9 @@ class Daemon:
             self.dra.update(topology)
         await asyncio.to_thread(self.cdi.sync, resources, False)
         wanted = {r.name: r for r in resources}
-        # Before the servers see the new resources, so no request meets IDs the index lacks.
-        self.pairing.rebuild(topology, {r.name: r.devices for r in resources})
+        # Before the servers see the new resources, so no request meets IDs the index lacks. In a thread:
+        # the index grows with the devices (thousands of replicas), and the loop must keep answering.
+        await asyncio.to_thread(self.pairing.rebuild, topology, {r.name: r.devices for r in resources})
         if self.pairing.window_s != self.resource_options.pairing_window_s:
             self.pairing.set_window(self.resource_options.pairing_window_s)
             log.info("pairing window changed", extra={"window_s": self.pairing.window_s})
@@ -423,17 +430,26 @@ class Daemon:
             log.exception("config change ignored: internal error (a bug); keeping the running configuration",
                           extra={"config": self.options.config_path})
             return
-        if self.topology is not None:
-            try:  # options this node cannot serve (a MIG layout, a time-slicing entry) are refused whole
-                build_resources(self.topology, options)
-            except InputError as e:
-                log.warning("config change ignored; keeping the running configuration",
-                            extra={"config": self.options.config_path, "reason": str(e)})
-                return
-        log.info("config changed", extra={"config": self.options.config_path})
-        self.resource_options = options
-        if self.topology is not None:
-            await self._apply_topology(self.topology)
+        async with self._apply_lock:
+            topology, built = self.topology, None
+            if topology is not None:
+                # Built once, in a thread (thousands of replicas take a while; /healthz and the RPCs are
+                # answered meanwhile); options this node cannot serve (a MIG layout, a time-slicing
+                # entry) are refused whole.
+                try:
+                    built = await _build_off_loop(topology, options, "config change")
+                except InputError as e:
+                    log.warning("config change ignored; keeping the running configuration",
+                                extra={"config": self.options.config_path, "reason": str(e)})
+                    return
+                except Exception:
+                    log.exception("config change ignored: internal error (a bug); keeping the running "
+                                  "configuration", extra={"config": self.options.config_path})
+                    return
+            log.info("config changed", extra={"config": self.options.config_path})
+            self.resource_options = options
+            if topology is not None and built is not None:
+                await self._install(topology, *built)
 
     def _count_devices(self, r: Resource) -> None:
         healthy = sum(1 for d in r.devices if d.device.healthy)
@@ -554,6 +570,20 @@ class Daemon:
         if self._retry_handle:
             self._retry_handle.cancel()
         self._retry_handle = asyncio.get_running_loop().call_later(max(0.0, delay), self.kick)
+
+
+def _build(topology: NodeTopology, options: ResourceOptions) -> tuple[list[Resource], list[Resource]]:
+    """(device-plugin resources, DRA resources) for `topology`; run in a thread, it touches no daemon state."""
+    return split(build_resources(topology, options), options.dra_resources)
+
+
+async def _build_off_loop(topology: NodeTopology, options: ResourceOptions,
+                          cause: str) -> tuple[list[Resource], list[Resource]]:
+    """`_build` in a worker thread: thousands of replicas take a while, and the loop keeps answering meanwhile."""
+    log.debug("building resources", extra={"cause": cause})
+    built = await asyncio.to_thread(_build, topology, options)
+    log.debug("resources built", extra={"cause": cause, "devices": sum(len(r.devices) for r in built[0])})
+    return built
 
 
 def run_daemon(make: Callable[[], Daemon]) -> int:

@@ -23,7 +23,10 @@ What an operator gets, as with NVIDIA's plugin (k8s-device-plugin
   refused with INVALID_ARGUMENT naming the rule (NVIDIA: "maximum request
   size for shared resources is 1");
 - health needs nothing extra: every replica is its GPU's `Device`, so a GPU
-  that turns Unhealthy turns all its replicas Unhealthy in the same list.
+  that turns Unhealthy turns all its replicas Unhealthy in the same list;
+- unlike NVIDIA, a resource and the node advertise at most `MAX_REPLICAS`
+  replicas (the kubelet's messages carry a whole resource at once); a config
+  past it is refused naming the entry's `replicas` and the count that fits.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from allocator.subdevices import physical_id, replica_graph, replica_id
 from allocator.topology import Device, DeviceGraph, DeviceKind
 
 from .allocate_response import ContainerAllocation
-from .config.sharing import SharedResource, SharingError, TimeSlicing, qualify
+from .config.sharing import MAX_REPLICAS, SharedResource, SharingError, TimeSlicing, \
+    device_limit_reason, qualify
 from .errors import OptionError
 from .resource_names import check_resource_name
 
@@ -111,6 +115,7 @@ def plan_time_slicing(ts: TimeSlicing, gpu_resource_name: str,
     plans: dict[str, dict[str, _Plan]] = {}
     owner: dict[tuple[str, str], str] = {}
     targets: dict[str, str] = {}
+    node_total = 0  # replicas of all entries so far
     for entry in ts.resources:
         name = qualify(entry.name, domain)
         if not _family(name, gpu_resource_name):
@@ -138,9 +143,38 @@ def plan_time_slicing(ts: TimeSlicing, gpu_resource_name: str,
                 raise SharingError(f"{entry.where}.devices: {i} is already shared by {owner[(name, i)]} "
                                    "(fix: share each device in one entry)")
             owner[(name, i)] = entry.where
-        plans.setdefault(name, {}).setdefault(target, _Plan(target, {})).counts.update(
-            {i: entry.replicas for i in ids})
+        plan = plans.setdefault(name, {}).setdefault(target, _Plan(target, {}))
+        _check_size(entry, target, len(ids), sum(plan.counts.values()), node_total)
+        plan.counts.update({i: entry.replicas for i in ids})
+        node_total += len(ids) * entry.replicas
     return {b: list(p.values()) for b, p in plans.items()}
+
+
+def _check_size(entry: SharedResource, target: str, shared: int, in_target: int, in_node: int) -> None:
+    """Refuse an entry that takes `target`, or the node, past `MAX_REPLICAS` replicas.
+
+    Per resource, because both the kubelet's GetPreferredAllocation and our ListAndWatch carry the
+    whole resource in one message (`MAX_REPLICAS` says how the bound fits both); per node too,
+    so the daemon's memory has one ceiling, measured in the reliability suite and set as the
+    chart's limit (several renamed entries could otherwise each fill a resource). Checked before
+    anything is built, so a huge count costs nothing.
+    """
+    added = shared * entry.replicas
+    if in_target + added > MAX_REPLICAS:
+        total, before, why = in_target + added, in_target, (
+            f"{target} devices, more than the {MAX_REPLICAS} one resource may advertise "
+            f"({device_limit_reason()})")
+    elif in_node + added > MAX_REPLICAS:
+        total, before, why = in_node + added, in_node, (
+            f"replicas on this node in all, more than the {MAX_REPLICAS} the daemon serves (its memory "
+            "limit is sized for that many; see docs/sharing.md)")
+    else:
+        return
+    earlier = f" (with {before} of earlier entries)" if before else ""
+    room = (MAX_REPLICAS - before) // shared
+    raise SharingError(
+        f"{entry.where}.replicas: {entry.replicas} replicas of {shared} devices make {total}{earlier} {why} "
+        f"(fix: replicas: {room} or fewer here, or share fewer devices)")
 
 
 def subgraph(graph: DeviceGraph, keep: Sequence[str]) -> DeviceGraph:

@@ -11,8 +11,10 @@ a rule that can only be checked against the node's devices (in
 `plugin.time_slicing`) still names the place to fix.
 
 Where we differ from NVIDIA: `rename` and `devices` are honoured (NVIDIA
-parses them but ignores them with a "not yet supported" warning), and
-`sharing.mps` is refused (MPS needs NVIDIA's MPS control daemon; out of scope).
+parses them but ignores them with a "not yet supported" warning),
+`sharing.mps` is refused (MPS needs NVIDIA's MPS control daemon; out of scope),
+and a node advertises at most `MAX_REPLICAS` replicas (NVIDIA has no bound;
+a larger list never reaches the kubelet, see there).
 """
 
 from __future__ import annotations
@@ -30,6 +32,33 @@ from ..yamlpath import line_of
 SHARED_SUFFIX = ".shared"
 #: The domain NVIDIA puts in front of a name without one (`gpu` -> `nvidia.com/gpu`).
 NVIDIA_DOMAIN = "nvidia.com"
+
+#: The largest message the kubelet receives on a ListAndWatch stream: grpc-go's default client
+#: receive limit (4 MiB); the kubelet's device-plugin client sets no other (its `dial` passes only
+#: the authority, credentials, blocking and the unix dialer).
+KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: The largest request the daemon reads (`plugin.server.MAX_REQUEST_BYTES`, which keeps hostile
+#: requests from costing memory); repeated here because this module must not import the server.
+DAEMON_MAX_REQUEST_BYTES = 1 << 20
+#: The most time-slicing replicas one resource may advertise, and the node in all.
+#:
+#: Why per resource: both directions of the kubelet protocol carry a whole resource at once. The
+#: kubelet's GetPreferredAllocation lists every free device in `available_deviceIDs` (and the
+#: ones it keeps in `must_include_deviceIDs`): past `DAEMON_MAX_REQUEST_BYTES` the request is
+#: refused and pod admission fails. Our ListAndWatch message is the whole list: past
+#: `KUBELET_MAX_MESSAGE_BYTES` the kubelet's stream fails (RESOURCE_EXHAUSTED), it disconnects
+#: the plugin and marks every device unhealthy, again after each re-registration. For the longest
+#: ID we can send, a replica of a MIG device with a pre-R470 UUID
+#: (`MIG-GPU-<uuid>/<gi>/<ci>::7999`, 55 characters), protobuf's ByteSize gives 57 bytes per ID
+#: in a request and 77 per Device (health `Unhealthy`, a NUMA node up to 1023) in a list. The
+#: request binds: 8,000 IDs listed twice (every one available *and* must-include, the most a
+#: request can hold) take 912,000 bytes, 87% of the 1 MiB cap; a usual request (UUID replica IDs,
+#: few must-include) takes under 40% of it. The list takes 616,000 bytes, 15% of the kubelet's
+#: 4 MiB. tests/sharing/test_replica_limit.py checks this arithmetic.
+#:
+#: Why per node too: the daemon's memory grows with the replicas it serves (docs/sharing.md has
+#: the table), and the chart's memory limit is measured at this many.
+MAX_REPLICAS = 8_000
 
 
 class SharingError(InputError):
@@ -76,6 +105,13 @@ class TimeSlicing:
         return name + SHARED_SUFFIX if self.rename_by_default else name
 
 
+def device_limit_reason() -> str:
+    """Why `MAX_REPLICAS` exists, for error messages."""
+    return (f"the kubelet sends every free replica's ID in one GetPreferredAllocation request, which the daemon "
+            f"reads up to {DAEMON_MAX_REQUEST_BYTES >> 20} MiB, and receives the whole list in one ListAndWatch "
+            f"message of at most {KUBELET_MAX_MESSAGE_BYTES >> 20} MiB")
+
+
 def qualify(name: str, domain: str = NVIDIA_DOMAIN) -> str:
     """`gpu` -> `<domain>/gpu` (NVIDIA prefixes names that have no domain); a full name stays."""
     return name if "/" in name else f"{domain}/{name}"
@@ -98,6 +134,13 @@ def parse_sharing(section: Mapping[str, Any] | None, root: yaml.Node | None, pat
     for i, raw in enumerate(ts["resources"]):
         where = f"{path}:{line_of(root, ['sharing', 'timeSlicing', 'resources', i])}: field " \
                 f"sharing.timeSlicing.resources[{i}]"
+        if raw["replicas"] > MAX_REPLICAS:  # before anything is built: no node can serve it
+            line = line_of(root, ["sharing", "timeSlicing", "resources", i, "replicas"])
+            raise SharingError(
+                f"{path}:{line}: field sharing.timeSlicing.resources[{i}].replicas: {raw['replicas']} is more than "
+                f"the {MAX_REPLICAS} replicas one resource may advertise ({device_limit_reason()}) "
+                f"(fix: lower replicas so that replicas x the devices the entry shares stays within "
+                f"{MAX_REPLICAS}: {MAX_REPLICAS // 8} on a node of 8 GPUs)")
         devices = raw.get("devices", "all")
         if devices == "all":
             selection = DeviceSelection()

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from allocator.policies import get_policy
 from allocator.policies.replicas import replica_criteria
 from allocator.request import AllocationError, AllocationRequest
-from allocator.subdevices import physical_id, replica_graph, replica_id, split_replica_id
+from allocator.subdevices import InheritedWeights, physical_id, replica_graph, replica_id, split_replica_id
 from allocator.topology import DeviceGraph
 
 from alloc_testlib import WEIGHT_VALUES, graph, nvswitch
@@ -141,6 +141,36 @@ def test_ids_numa_and_weights_of_a_replica_graph() -> None:
     assert R8.weights[pos["GPU0::1"]][pos["GPU3::2"]] == 1800
     assert split_replica_id("GPU-1c2e::7") == ("GPU-1c2e", 7) and split_replica_id("GPU-1c2e") is None
     assert replica_id("3", 1) == "3::1" and physical_id("3::1") == "3" and physical_id("GPU0") == "GPU0"
+
+
+def test_replicas_read_their_gpus_links_exactly_without_a_replica_table() -> None:
+    """Every pair weight of a replica graph is its GPUs' link (0 within one GPU), read from the GPUs' table."""
+    rng = random.Random(7)
+    links = {(a, b): rng.choice(WEIGHT_VALUES) for a in range(6) for b in range(a + 1, 6)}
+    gpus = graph(6, links, [0, 0, 1, 1, None, 1])
+    r = replica_graph(gpus, {"GPU0": 3, "GPU2": 2, "GPU3": 1, "GPU4": 4, "GPU5": 2})
+    at = gpus.index_of()
+    table = [[0 if physical_id(a) == physical_id(b) else gpus.weights[at[physical_id(a)]][at[physical_id(b)]]
+              for b in r.ids] for a in r.ids]
+    assert [list(row) for row in r.weights] == table  # row by row, as scoring reads it
+    assert all(r.weights[i][j] == table[i][j] for i in range(len(table)) for j in range(len(table)))
+    assert r.weights == table and len(r.weights) == len(r.ids) == 12
+    # What the graph holds: one GPU per replica and the 5 x 5 table of the shared GPUs, nothing per pair.
+    assert isinstance(r.weights, InheritedWeights) and len(r.weights.parent_weights) == 5
+    assert r.weights.parents == r.parents
+
+
+def test_the_largest_replica_count_builds_linearly_and_answers_exactly() -> None:
+    """8 GPUs x 3,125 replicas (the bound): 25,000 replicas over an 8 x 8 table; the spec's rules still hold."""
+    big = replica_graph(G8, 3125)
+    assert len(big.ids) == 25_000 and len(big.weights.parent_weights) == 8
+    taken = {replica_id("GPU1", r) for r in range(3000)} | {replica_id("GPU6", 0)}
+    avail = [i for i in big.ids if i not in taken]
+    a = POLICY.allocate(big, AllocationRequest.of(avail, [], 4))
+    # NUMA 0 carries GPU1's 3,000 handed-out replicas, NUMA 1 only GPU6's one: the four GPUs of node 1
+    assert a.parents == ("GPU4", "GPU5", "GPU6", "GPU7") and a.optimal
+    assert a.ids == ("GPU4::0", "GPU5::0", "GPU6::1", "GPU7::0")
+    assert a.criteria == (1, -4, 1, -6 * 1800)
 
 
 def test_per_gpu_replica_counts_and_unknown_gpu() -> None:
