@@ -96,6 +96,40 @@ class Link:
 SYS_LINK = Link()
 
 
+class ComplexKind(str, enum.Enum):
+    """How a platform ties a GPU to its NIC when the PCIe path does not say (docs/platforms.md).
+
+    `INLINE`: a ConnectX NIC function and a GPU below one ConnectX-integrated switch.
+    `DATA_DIRECT`: a ConnectX-8 DMA function and a GPU below one ConnectX switch; the DMA
+    function belongs to the NIC whose functions carry the same board serial (VPD).
+    `CPU_ROOT`: GPU and NIC each below their own CPU root port, paired by physical order
+    within a NUMA node.
+    """
+
+    INLINE = "inline"
+    DATA_DIRECT = "data-direct"
+    CPU_ROOT = "cpu-root"
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    """A GPU's membership of a (possibly multi-node) NVLink fabric, as NVML reports it.
+
+    Why on the model: schedulers place jobs inside one NVLink domain, so the clique is
+    published as a node label and a DRA attribute. `state` is NVML's fabric state in words
+    (`not-supported`, `not-started`, `in-progress`, `completed`).
+    """
+
+    cluster_uuid: str
+    clique_id: int
+    state: str = "completed"
+
+    @property
+    def clique(self) -> str:
+        """`<cluster UUID>.<clique ID>`: one NVLink domain, unique across a cluster."""
+        return f"{self.cluster_uuid}.{self.clique_id}"
+
+
 @dataclass(frozen=True)
 class Device:
     """One physical (or simulated) device.
@@ -123,6 +157,12 @@ class Device:
     #: The `name` of the physical GPU a MIG device lives on (None for a whole device). The
     #: device inherits that GPU's NUMA node; its health follows the parent's.
     parent: str | None = None
+    #: The GPU–NIC complex this GPU or NIC belongs to (an ID unique within the node), where
+    #: the platform defines one; None elsewhere. A GPU and a NIC of one complex pair as `PIX`.
+    complex: str | None = None
+    complex_kind: ComplexKind | None = None
+    #: NVLink fabric membership of a GPU (multi-node NVLink), None where NVML has none.
+    fabric: FabricInfo | None = None
 
     @property
     def healthy(self) -> bool:
