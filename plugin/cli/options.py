@@ -20,10 +20,12 @@ import click
 from click.core import ParameterSource
 
 from ..config import Config, ConfigError, load_config
-from ..config.flags import BY_DEST, Option, options_for, restart_needed
+from ..config.flags import BY_DEST, KIND_FIX, Option, options_for, restart_needed
+from ..errors import OptionError
 from ..gpu_allocate import GpuAllocateOptions
 from ..http_server import parse_address
 from ..nic_pools import NicPool, parse_pools
+from ..resource_names import check_resource_name
 from ..resources import ResourceOptions
 from ..serving_modes import check_modes
 from ..sources.base import TopologySource
@@ -71,9 +73,37 @@ class _Address(click.ParamType):
         return value
 
 
+class _AbsolutePath(click.ParamType):
+    """An absolute path: the same rule as the config file's schema and the chart's (`kind="path"`)."""
+
+    name = "PATH"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not str(value).startswith("/"):
+            self.fail(f"{value!r} is not an absolute path (fix: {KIND_FIX['path']})", param, ctx)
+        return value
+
+
+class _ResourceName(click.ParamType):
+    """An extended resource name the kubelet accepts, checked when the flag is read (`kind="resource-name"`)."""
+
+    name = "DOMAIN/NAME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            check_resource_name(str(value))
+        except OptionError as e:
+            self.fail(str(e), param, ctx)
+        return value
+
+
 def _click_type(o: Option) -> Any:
     if o.kind == "address":
         return _Address()
+    if o.kind == "path":
+        return _AbsolutePath()
+    if o.kind == "resource-name":
+        return _ResourceName()
     if o.kind == "choice":
         return click.Choice(list(o.choices))
     if o.kind == "number":
@@ -214,15 +244,18 @@ def resource_reloader(settings: Settings) -> Callable[[], ResourceOptions]:
     """Re-read the config file and rebuild the resource options (flags and env still win).
 
     Raises the same `InputError` start-up would give. Changed options that
-    only a restart applies are logged; the rest is returned to be applied.
+    only a restart applies (`Option.live` false) are logged and keep their
+    running value; the rest is returned to be applied.
     """
 
     def reload() -> ResourceOptions:
         fresh = resolve(settings.params, settings.sources, settings.command)
-        options = resource_options(fresh)
-        # Which side serves a resource only changes with a restart: never both at once, not even briefly.
-        options = replace(options, dra_resources=resource_options(settings).dra_resources)
         stale = restart_needed(settings.values, fresh.values)
+        # Restart options keep their running value in the rebuilt resources too: `--dev-root` names the
+        # device nodes discovery found, and which side serves a resource never changes, not even briefly.
+        fresh.values.update({o.dest: settings.values[o.dest] for o in options_for(settings.command)
+                             if not o.live and o.dest in settings.values})
+        options = resource_options(fresh)
         if fresh.config.gpu_health != settings.config.gpu_health:
             stale.append("gpus.health")
         if stale:

@@ -21,7 +21,7 @@ from typing import Any
 from .. import yaml_input
 from ..errors import InputError
 from . import nvidia
-from .flags import flags_schema
+from .flags import OPTIONS, flags_schema
 from .sharing import TimeSlicing, parse_sharing
 from .suggest import unknown_keys_fix
 
@@ -60,6 +60,13 @@ def _error(path: str, problem: yaml_input.YamlProblem) -> ConfigError:
     return ConfigError(f"{where}: {problem.message}" + (f" (fix: {problem.fix})" if problem.fix else ""))
 
 
+def _option_fix(path: list[Any]) -> str | None:
+    """The fix its declaration gives for a bad `flags.<key>` value (an absolute path, a resource name)."""
+    if len(path) == 2 and path[0] == "flags":
+        return next((o.fix for o in OPTIONS if o.key == path[1]), None)
+    return None
+
+
 def parse_config(text: str, path: str) -> Config:
     try:
         data, root = yaml_input.load(text)
@@ -72,7 +79,7 @@ def parse_config(text: str, path: str) -> Config:
         raise _error(path, e) from None
     if bad is not None:
         hint = (unknown_keys_fix(_schema(), data, bad.path) if bad.validator == "additionalProperties"
-                else "see docs/configuration.md")
+                else _option_fix(bad.path) or "see docs/configuration.md")
         raise ConfigError(f"{path}:{bad.line}: field {bad.field}: {bad.message} (fix: {hint})")
     try:
         nvidia.check_top_level(data)

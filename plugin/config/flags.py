@@ -9,19 +9,29 @@ docs/configuration.md are all derived from `OPTIONS`, so adding an option is
 one declaration here (plus its use). NVIDIA's plugin does the same with one
 typed flags struct (`api/config/v1/flags.go`).
 
-`live`: a config reload applies the option at once (it only shapes the
-resources: names, IDs, policies, Allocate answers). Options that decide how
-devices are discovered or where the daemon listens need a restart; a reload
-that changes one logs so and applies the rest.
+Each option says what it feeds (`Target`), and whether a config reload
+applies it follows from that (`Option.live`), never from a hand-set flag: a
+reload rebuilds the resources (names, IDs, policies, Allocate answers) and
+nothing else. An option that also feeds discovery, the sockets, the DRA split
+or logging keeps its running value everywhere until a restart (`--dev-root`
+names the device nodes discovery found, so the Allocate answers keep it too);
+a reload that changes one logs that it needs a restart and applies the rest.
+
+Validation lives in the declarations too (`kind`: absolute paths, extended
+resource names), so the flag, the environment variable, the config file's
+schema and the chart's `values.schema.json` (`chart_schema_flags`, written by
+scripts/options_docs.py) accept and refuse the same values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from ..gpu_allocate import DEVICE_LIST_STRATEGIES
+from ..resource_names import RESERVED_PATTERNS, RESOURCE_NAME_MAX, RESOURCE_NAME_PATTERN
 
 #: Commands that read the options shared by every command that looks at a node.
 NODE_COMMANDS = frozenset({"serve", "discover", "demo", "allocate", "explain"})
@@ -32,7 +42,39 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 
 #: Option kinds and the JSON schema each stands for in the config file.
 #: `list`: names, as a list in the config file or comma-separated on the command line / environment.
-KINDS = ("text", "choice", "choice-list", "list", "number", "bool", "address")
+#: `path`: an absolute path (a relative one would depend on the daemon's working directory, which
+#: nobody chooses in a pod). `resource-name`: an extended resource name the kubelet accepts.
+KINDS = ("text", "choice", "choice-list", "list", "number", "bool", "address", "path", "resource-name")
+
+#: What to write instead, per kind with a rule of its own (click errors and config-file errors say it).
+KIND_FIX = {
+    "path": "give an absolute path, starting with /",
+    "resource-name": "want <lowercase.domain>/<name>, not under kubernetes.io, e.g. nvidia.com/gpu",
+}
+
+#: What the docs table adds to an option's meaning, per kind with a rule of its own.
+KIND_DOC = {"path": " Absolute path.", "resource-name": " An extended resource name (`<domain>/<name>`)."}
+
+
+class Target(str, Enum):
+    """What an option feeds; the part of the daemon a config reload rebuilds is `RESOURCES` only."""
+
+    #: Which config file is read: read once, at start.
+    INVOCATION = "invocation"
+    #: The topology source (simulated node, NVML, sysfs, /dev, /proc): built once at start.
+    DISCOVERY = "discovery"
+    #: The resource build (names, IDs, policies, pairing, Allocate answers): rebuilt by a reload.
+    RESOURCES = "resources"
+    #: Sockets and endpoints (kubelet paths, metrics address, CDI spec dir, pod-resources client).
+    SERVING = "serving"
+    #: Which side serves a resource: never both, not even briefly, so never changed by a reload.
+    DRA = "dra"
+    #: Log level and format, set before the first line is logged.
+    LOGGING = "logging"
+
+
+#: The targets a config reload rebuilds; an option applies live exactly when its target is one of them.
+LIVE_TARGETS = frozenset({Target.RESOURCES})
 
 
 @dataclass(frozen=True)
@@ -46,8 +88,8 @@ class Option:
     choices: tuple[str, ...] = ()
     #: Commands that take it.
     commands: frozenset[str] = NODE_COMMANDS
-    #: A config reload applies it (True) or it needs a restart (False).
-    live: bool = False
+    #: What it feeds: decides whether a config reload applies it (`live`).
+    target: Target | None = None
     #: In the config file's `flags:` (False for `--config` itself).
     in_config: bool = True
     #: The Helm chart sets it from its own values (not accepted under `config.flags`).
@@ -68,6 +110,18 @@ class Option:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"option {self.name}: unknown kind {self.kind!r}")
+        if not isinstance(self.target, Target):
+            raise ValueError(f"option {self.name}: declare what it feeds (target=Target.<...>)")
+
+    @property
+    def live(self) -> bool:
+        """A config reload applies it: it feeds only what a reload rebuilds."""
+        return self.target in LIVE_TARGETS
+
+    @property
+    def fix(self) -> str | None:
+        """What to write instead of a value its kind refuses (None: the schema's message says it)."""
+        return KIND_FIX.get(self.kind)
 
     @property
     def flag(self) -> str:
@@ -114,6 +168,12 @@ class Option:
                 out["maximum"] = self.maximum
         elif self.kind == "address":
             out = {"type": "string", "pattern": "^.*:[0-9]{1,5}$"}
+        elif self.kind == "path":
+            out = {"type": "string", "pattern": "^/"}
+        elif self.kind == "resource-name":
+            # No look-ahead in the pattern: helm validates with Go's RE2, the daemon with Python's `re`.
+            out = {"type": "string", "maxLength": RESOURCE_NAME_MAX, "pattern": RESOURCE_NAME_PATTERN,
+                   "not": {"anyOf": [{"pattern": p} for p in RESERVED_PATTERNS]}}
         else:
             out = {"type": "string", "minLength": 1}
         out.update(self.schema_extra)
@@ -121,72 +181,78 @@ class Option:
         return out
 
 
+# Short names for the table below only.
+D, R, S, L = Target.DISCOVERY, Target.RESOURCES, Target.SERVING, Target.LOGGING
+
 OPTIONS: tuple[Option, ...] = (
     Option("config", "YAML config: flags, GPU health, NIC pools (see docs/configuration.md).",
-           in_config=False, param="config_path", metavar="FILE"),
+           in_config=False, param="config_path", metavar="FILE", target=Target.INVOCATION),
     Option("simulate", "Serve a simulated node: a built-in name, a YAML node file or `nvidia-smi topo -m` text.",
-           metavar="SOURCE", chart_managed=True),
+           metavar="SOURCE", chart_managed=True, target=D),
     Option("device_id_strategy", "How GPU IDs are formed.", kind="choice", default="uuid",
-           choices=("uuid", "index"), live=True),
-    Option("gpu_resource_name", "Extended resource name for GPUs.", default="nvidia.com/gpu", live=True,
-           schema_extra={"minLength": 3}),
+           choices=("uuid", "index"), target=R),
+    Option("gpu_resource_name", "Extended resource name for GPUs.", kind="resource-name", default="nvidia.com/gpu",
+           target=R),
     Option("allocation_policy", "GPU preferred-allocation policy.", kind="choice", default="numa-first",
-           choices=("numa-first", "link-first"), live=True),
+           choices=("numa-first", "link-first"), target=R),
     Option("time_budget_ms", "Search budget for a preferred allocation above 16 candidates.", kind="number",
-           default=20.0, live=True),
+           default=20.0, target=R),
     Option("pairing_window_ms", "GPU-NIC pairing: a GetPreferredAllocation is paired with the Allocates of the "
            "container's other resources that came at most this long before; 0 turns pairing off.",
-           kind="number", default=1000.0, live=True, zero_ok=True, maximum=60000.0),
+           kind="number", default=1000.0, target=R, zero_ok=True, maximum=60000.0),
     Option("nic_resource_name", "Resource name for NICs when the config defines no NIC pools.",
-           default="topo.dev/nic", live=True, schema_extra={"minLength": 3}),
+           kind="resource-name", default="topo.dev/nic", target=R),
     Option("nic_allocation_policy", "NIC policy when the config defines no NIC pools.", kind="choice",
-           default="spread", choices=("spread", "packed"), live=True),
+           default="spread", choices=("spread", "packed"), target=R),
     Option("device_list_strategy", f"Comma list of {', '.join(DEVICE_LIST_STRATEGIES)}: how Allocate names GPUs "
            "(CDI strategies name MIG devices and NICs with device nodes too; docs/sharing.md).",
-           kind="choice-list", default="envvar", choices=DEVICE_LIST_STRATEGIES, live=True),
+           kind="choice-list", default="envvar", choices=DEVICE_LIST_STRATEGIES, target=R),
     Option("pass_device_specs", "List device nodes in Allocate answers. With --no-pass-device-specs and a CDI device "
            "list strategy, devices named through CDI get no device nodes from us: the container runtime injects "
            "them from the CDI spec (NVIDIA's passDeviceSpecs). Without a CDI strategy it changes nothing.",
-           kind="bool", default=True, live=True),
+           kind="bool", default=True, target=R),
     Option("mig_strategy", "How MIG devices are served, as NVIDIA's plugin: none (MIG-enabled GPUs are served whole), "
            "single (every GPU in MIG mode with one profile, as the GPU resource) or mixed (one resource per profile, "
-           "<domain>/mig-<profile>).", kind="choice", default="none", choices=MIG_STRATEGIES, live=True),
+           "<domain>/mig-<profile>).", kind="choice", default="none", choices=MIG_STRATEGIES, target=R),
     Option("cdi_specs", "With cdi-cri/cdi-annotations: write our own CDI spec per resource under --cdi-spec-dir and "
            "name devices from it (write), or name GPUs <cdi-vendor>/<cdi-class>=<UUID> from a spec another tool "
            "wrote, such as `nvidia-ctk cdi generate` (external).", kind="choice", default="write",
-           choices=("write", "external"), live=True),
+           choices=("write", "external"), target=R),
     Option("cdi_spec_dir", "Where our CDI specs go (with --cdi-specs write and a CDI device list strategy).",
-           default="/var/run/cdi", commands=SERVE, chart_managed=True, schema_extra={"pattern": "^/"}),
-    Option("cdi_vendor", "CDI vendor of the names with --cdi-specs external.", default="nvidia.com", live=True),
-    Option("cdi_class", "CDI class of the names with --cdi-specs external.", default="gpu", live=True),
+           kind="path", default="/var/run/cdi", commands=SERVE, chart_managed=True, target=S),
+    Option("cdi_vendor", "CDI vendor of the names with --cdi-specs external.", default="nvidia.com", target=R),
+    Option("cdi_class", "CDI class of the names with --cdi-specs external.", default="gpu", target=R),
     Option("cdi_annotation_prefix", "Key prefix of the cdi-annotations strategy's annotations.",
-           default="cdi.k8s.io/", live=True, schema_extra={"pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/$"}),
+           default="cdi.k8s.io/", target=R, schema_extra={"pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/$"}),
     Option("dra_resources", "Resources served through Dynamic Resource Allocation (driver topo.dev, ResourceSlices and "
            "ResourceClaims) instead of the device-plugin API: the GPU resource name and/or NIC pool names, comma "
            "separated. Each device is served one way only (docs/dra.md).", kind="list", commands=SERVE,
-           chart_managed=True, metavar="NAMES", default_text="none (every resource through the device-plugin API)",
+           chart_managed=True, metavar="NAMES", target=Target.DRA, default_text="none (every resource through the device-plugin API)",
            schema_extra={"pattern": "^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"}),
-    Option("sysfs_root", "Where sysfs is mounted (real hardware).", default="/sys"),
-    Option("dev_root", "Where device nodes are (real hardware).", default="/dev"),
+    Option("sysfs_root", "Where sysfs is mounted (real hardware).", kind="path", default="/sys", target=D),
+    Option("dev_root", "Where device nodes are (real hardware; Allocate answers name the nodes found here).",
+           kind="path", default="/dev", target=D),
     Option("proc_root", "Where procfs is mounted (default route check, MIG capability device minors).",
-           default="/proc"),
+           kind="path", default="/proc", target=D),
     Option("fail_on_init_error", "Exit when NVML cannot start; with --no-fail-on-init-error serve zero GPUs instead.",
-           kind="bool", default=True),
+           kind="bool", default=True, target=D),
     Option("nic_link_health", "Mark a NIC Unhealthy while its link is down (polled every 2 s).", kind="bool",
-           default=False),
-    Option("kubelet_root_dir", "The kubelet's --root-dir.", default="/var/lib/kubelet", commands=SERVE,
-           chart_managed=True),
-    Option("device_plugin_path", "Where kubelet.sock is and our sockets go.", commands=SERVE, chart_managed=True,
-           default_text="<kubelet-root-dir>/device-plugins"),
+           default=False, target=D),
+    Option("kubelet_root_dir", "The kubelet's --root-dir.", kind="path", default="/var/lib/kubelet", commands=SERVE,
+           chart_managed=True, target=S),
+    Option("device_plugin_path", "Where kubelet.sock is and our sockets go.", kind="path", commands=SERVE,
+           chart_managed=True, default_text="<kubelet-root-dir>/device-plugins", target=S),
     Option("pod_resources", "Check pairing partners against the kubelet's pod-resources API (List on "
            "<kubelet-root-dir>/pod-resources/kubelet.sock); quietly off while the socket is missing.",
-           kind="bool", default=False, commands=SERVE),
+           kind="bool", default=False, commands=SERVE, target=S),
     Option("log_level", "Log level.", kind="choice", default="info", choices=LOG_LEVELS,
-           commands=frozenset({"serve", "demo"}), command_defaults={"demo": "warning"}),
-    Option("log_format", "Log format.", kind="choice", default="text", choices=("text", "json"), commands=SERVE),
+           commands=frozenset({"serve", "demo"}), command_defaults={"demo": "warning"}, target=L),
+    Option("log_format", "Log format.", kind="choice", default="text", choices=("text", "json"), commands=SERVE, target=L),
     Option("metrics_address", "Serve Prometheus /metrics, /healthz and /readyz here.", kind="address",
-           commands=SERVE, chart_managed=True, metavar="HOST:PORT", default_text="off"),
+           commands=SERVE, chart_managed=True, metavar="HOST:PORT", default_text="off", target=S),
 )
+
+del D, R, S, L
 
 BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
 BY_DEST: Mapping[str, Option] = {o.dest: o for o in OPTIONS}
@@ -207,6 +273,21 @@ def flags_schema() -> dict[str, Any]:
     }
 
 
+def chart_schema_flags() -> dict[str, Any]:
+    """The `config.flags` part of the chart's values.schema.json (written by scripts/options_docs.py).
+
+    The same rules as the config file's, less what the chart sets from its own values
+    (`chart_managed`) and NVIDIA's keys (for NVIDIA config files brought along, not chart values).
+    """
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "Daemon options in camelCase, generated from plugin/config/flags.py (the options the "
+                       "chart sets from its own values are not accepted here).",
+        "properties": {o.key: o.json_schema() for o in OPTIONS if o.key and not o.chart_managed},
+    }
+
+
 def restart_needed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """Flags (`--name`) whose value changed between two resolutions and that only a restart applies."""
     return sorted(o.flag for o in OPTIONS if not o.live and o.dest in new and old.get(o.dest) != new.get(o.dest))
@@ -224,12 +305,13 @@ def _default_cell(o: Option) -> str:
 
 def markdown_table() -> str:
     """The options table of docs/configuration.md (checked by a test, so the doc cannot drift)."""
-    rows = ["| flag | environment | `flags:` key | default | live | commands | meaning |",
+    rows = ["| flag | environment | `flags:` key | default | feeds: applies | commands | meaning |",
             "|---|---|---|---|---|---|---|"]
     for o in OPTIONS:
         flag = f"`{o.flag}/--no-{o.flag[2:]}`" if o.kind == "bool" else f"`{o.flag}`"
         values = f" (`{'`, `'.join(o.choices)}`)" if o.choices else ""
         commands = "all" if o.commands == NODE_COMMANDS else ", ".join(sorted(o.commands))
+        rule = KIND_DOC.get(o.kind, "")
         rows.append(f"| {flag} | `{o.env}` | {f'`{o.key}`' if o.key else '-'} | {_default_cell(o)} | "
-                    f"{'yes' if o.live else 'restart'} | {commands} | {o.help}{values} |")
+                    f"{o.target.value if o.target else '?'}: {'live' if o.live else 'restart'} | {commands} | {o.help}{values}{rule} |")
     return "\n".join(rows) + "\n"

@@ -17,12 +17,13 @@ from click.testing import CliRunner
 
 from plugin.cli import cli
 from plugin.config import schema
-from plugin.config.flags import OPTIONS, options_for
+from plugin.config.flags import LIVE_TARGETS, OPTIONS, Target, chart_schema_flags, options_for
 from plugin.config.nvidia import FLAG_PROPERTIES as NVIDIA_FLAG_PROPERTIES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMMANDS = sorted(cli.commands)
-JSON_TYPE = {"bool": "boolean", "number": "number", "text": "string", "address": "string"}
+JSON_TYPE = {"bool": "boolean", "number": "number", "text": "string", "address": "string", "path": "string",
+             "resource-name": "string"}
 
 
 def params(command: str) -> dict[str, click.Parameter]:
@@ -72,25 +73,84 @@ def test_config_schema_flags_are_the_declared_options():
             assert props[o.key]["type"] == JSON_TYPE[o.kind], o.key
 
 
-def test_chart_values_schema_agrees_with_the_declarations():
+def test_chart_values_schema_flags_are_generated_from_the_declarations():
+    """The chart's `config.flags` is exactly what scripts/options_docs.py writes: no hand-edited rule drifts."""
     chart = json.loads((ROOT / "charts" / "topo-device-plugin" / "values.schema.json").read_text())
-    props = chart["properties"]["config"]["properties"]["flags"]["properties"]
-    wanted = {o.key: o for o in OPTIONS if o.key and not o.chart_managed}
-    assert set(props) == set(wanted), f"chart only: {set(props) - set(wanted)}, daemon only: {set(wanted) - set(props)}"
-    for key, o in wanted.items():
-        spec = props[key]
-        if o.kind == "choice":
-            assert spec["enum"] == list(o.choices), key
-        elif o.kind in ("choice-list", "list"):
-            assert "oneOf" in spec, key
-        else:
-            assert spec["type"] == JSON_TYPE[o.kind], key
+    flags = chart["properties"]["config"]["properties"]["flags"]
+    assert flags == chart_schema_flags(), "values.schema.json config.flags is stale: run python scripts/options_docs.py"
+    assert set(flags["properties"]) == {o.key for o in OPTIONS if o.key and not o.chart_managed}
+    config_schema = schema()["properties"]["flags"]["properties"]
+    for key, spec in flags["properties"].items():  # the same rule as the daemon's config file, key by key
+        assert spec == config_schema[key], key
 
 
-def test_docs_options_table_is_current():
+def test_generated_docs_and_chart_schema_are_current():
+    """The CI check: one command regenerates the docs table and the chart schema's flags; --check finds drift."""
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "options_docs.py"), "--check"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_drift_check_names_a_stale_chart_schema(tmp_path):
+    """--check fails, naming the file, when the chart's flags differ from the declarations (a copy of the tree)."""
+    for part in ("scripts", "docs", "charts"):  # the script writes next to itself; `plugin` is the installed one
+        subprocess.run(["cp", "-r", str(ROOT / part), str(tmp_path / part)], check=True)
+    path = tmp_path / "charts" / "topo-device-plugin" / "values.schema.json"
+    data = json.loads(path.read_text())
+    data["properties"]["config"]["properties"]["flags"]["properties"]["devRoot"] = {"type": "string"}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    check = [sys.executable, str(tmp_path / "scripts" / "options_docs.py"), "--check"]
+    proc = subprocess.run(check, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1 and "values.schema.json" in proc.stderr and "configuration.md" not in proc.stderr
+    subprocess.run([sys.executable, str(tmp_path / "scripts" / "options_docs.py")], check=True, capture_output=True)
+    assert json.loads(path.read_text()) == json.loads((ROOT / path.relative_to(tmp_path)).read_text())
+    assert subprocess.run(check, capture_output=True, cwd=tmp_path).returncode == 0
+
+
+#: Whether a config reload applies what each target feeds: a reload rebuilds the resources and nothing else.
+RELOAD_APPLIES = {Target.INVOCATION: False, Target.DISCOVERY: False, Target.RESOURCES: True, Target.SERVING: False,
+                  Target.DRA: False, Target.LOGGING: False}
+
+
+def test_live_is_derived_from_what_an_option_feeds():
+    assert set(RELOAD_APPLIES) == set(Target)
+    assert LIVE_TARGETS == {t for t, live in RELOAD_APPLIES.items() if live}
+    for o in OPTIONS:
+        assert o.live is RELOAD_APPLIES[o.target], (o.name, o.target)
+
+
+#: A value other than the default, per option with a `flags:` key (a new option needs one here).
+OTHER_VALUE = {
+    "simulate": "dgx-a100", "deviceIdStrategy": "index", "gpuResourceName": "example.com/accel",
+    "allocationPolicy": "link-first", "timeBudgetMs": 5, "pairingWindowMs": 0, "nicResourceName": "example.com/nic",
+    "nicAllocationPolicy": "packed", "deviceListStrategy": ["cdi-cri"], "passDeviceSpecs": False,
+    "migStrategy": "mixed", "cdiSpecs": "external", "cdiSpecDir": "/elsewhere/cdi", "cdiVendor": "example.com",
+    "cdiClass": "accel", "cdiAnnotationPrefix": "example.com/", "draResources": ["nvidia.com/gpu"],
+    "sysfsRoot": "/host/sys", "devRoot": "/host/dev", "procRoot": "/host/proc", "failOnInitError": False,
+    "nicLinkHealth": True, "kubeletRootDir": "/var/snap/kubelet", "devicePluginPath": "/elsewhere/dp",
+    "podResources": True, "logLevel": "debug", "logFormat": "json", "metricsAddress": "127.0.0.1:9400",
+}
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.key], ids=lambda o: o.key)
+def test_a_reload_applies_exactly_the_live_options(tmp_path, caplog, option):
+    """Changing one option in the file: a live one reaches the rebuilt resources, a restart one is only named."""
+    from plugin.cli.options import resolve, resource_options, resource_reloader
+
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\n")
+    params = {o.dest: o.default_for("serve") for o in options_for("serve")} | {"config_path": str(path)}
+    settings = resolve(params, {}, "serve")
+    running = resource_options(settings)
+    path.write_text(json.dumps({"version": "v1", "flags": {option.key: OTHER_VALUE[option.key]}}))
+    with caplog.at_level("WARNING", logger="plugin.cli.options"):
+        reloaded = resource_reloader(settings)()
+    named = {name for r in caplog.records for name in getattr(r, "options", "").split(", ")}
+    if option.live:
+        assert reloaded != running and option.flag not in named, option.key
+    else:  # `--dev-root` too: the Allocate answers keep naming the device nodes discovery found
+        assert reloaded == running, option.key
+        assert option.flag in named, (option.key, named)
 
 
 def test_serve_only_options_come_from_the_config_file_too(tmp_path):
