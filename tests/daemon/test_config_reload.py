@@ -71,3 +71,38 @@ async def test_a_reload_applies_live_options_and_names_those_that_need_a_restart
     line = next(x for x in daemon.log().splitlines() if "needs a restart" in x)
     assert "--log-format" in line and "gpus.health" in line and "gpu-resource-name" not in line
     assert daemon.proc.poll() is None
+
+
+def fake_dev(root) -> str:
+    """A device root with the nodes a GPU container gets (plain files: the answer only names what exists)."""
+    root.mkdir()
+    for name in ("nvidiactl", "nvidia-uvm", *(f"nvidia{i}" for i in range(8))):
+        (root / name).write_text("")
+    return str(root)
+
+
+async def test_a_reload_that_changes_dev_root_keeps_the_allocate_answers_on_the_running_root(
+        kubelet, start_daemon, tmp_path):
+    """--dev-root feeds discovery (restart): a reload must not send Allocate to a root discovery never saw."""
+    old, new = fake_dev(tmp_path / "dev-old"), fake_dev(tmp_path / "dev-new")
+    node = tmp_path / "node.yaml"  # GPUs with device minors, so Allocate names /dev/nvidia<minor>
+    node.write_text("apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\ngpus:\n"
+                    + "".join(f"  - {{numa: 0, minor: {i}}}\n" for i in range(8)))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"version: v1\nflags:\n  gpuResourceName: example.com/gpu\n  devRoot: {old}\n")
+    daemon = start_daemon("--config", str(config), simulate=str(node))
+    await kubelet.wait_for(lambda: len(kubelet.devices("example.com/gpu")) == 8, timeout=20)
+    before = await kubelet.allocate("example.com/gpu", ["0"])
+    assert before.devices and all(d.host_path.startswith(old + "/") for d in before.devices), before.devices
+
+    tmp = tmp_path / "config.yaml.tmp"  # the same edit renames the resource: a live option, so we see it applied
+    tmp.write_text(f"version: v1\nflags:\n  gpuResourceName: example.com/accel\n  devRoot: {new}\n")
+    os.replace(tmp, config)
+    await kubelet.wait_for(lambda: len(kubelet.devices("example.com/accel")) == 8, timeout=10)
+    after = await kubelet.allocate("example.com/accel", ["0"])
+    assert sorted(d.container_path for d in after.devices) == sorted(d.container_path for d in before.devices)
+    assert all(d.host_path.startswith(old + "/") for d in after.devices), after.devices
+    await until(lambda: "needs a restart" in daemon.log(), 20, "the restart warning of the reload")
+    line = next(x for x in daemon.log().splitlines() if "needs a restart" in x)
+    assert "--dev-root" in line and "gpu-resource-name" not in line
+    assert daemon.proc.poll() is None
