@@ -119,17 +119,24 @@ def test_live_is_derived_from_what_an_option_feeds():
         assert o.live is RELOAD_APPLIES[o.target], (o.name, o.target)
 
 
-#: A value other than the default, per option with a `flags:` key (a new option needs one here).
-OTHER_VALUE = {
-    "simulate": "dgx-a100", "deviceIdStrategy": "index", "gpuResourceName": "example.com/accel",
-    "allocationPolicy": "link-first", "timeBudgetMs": 5, "pairingWindowMs": 0, "nicResourceName": "example.com/nic",
-    "nicAllocationPolicy": "packed", "deviceListStrategy": ["cdi-cri"], "passDeviceSpecs": False,
-    "migStrategy": "mixed", "cdiSpecs": "external", "cdiSpecDir": "/elsewhere/cdi", "cdiVendor": "example.com",
-    "cdiClass": "accel", "cdiAnnotationPrefix": "example.com/", "draResources": ["nvidia.com/gpu"],
-    "sysfsRoot": "/host/sys", "devRoot": "/host/dev", "procRoot": "/host/proc", "failOnInitError": False,
-    "nicLinkHealth": True, "kubeletRootDir": "/var/snap/kubelet", "devicePluginPath": "/elsewhere/dp",
-    "podResources": True, "logLevel": "debug", "logFormat": "json", "metricsAddress": "127.0.0.1:9400",
-}
+#: Values other than the default where the kind's rule below would not fit the option.
+OTHER_VALUE = {"cdiAnnotationPrefix": "example.com/", "draResources": ["nvidia.com/gpu"], "migStrategy": "mixed"}
+
+
+def other_value(o) -> object:
+    """A valid value that differs from the default, from the declaration (a new option needs no entry here)."""
+    if o.key in OTHER_VALUE:
+        return OTHER_VALUE[o.key]
+    return {
+        "choice": lambda: next(c for c in o.choices if c != o.default),
+        "choice-list": lambda: [next(c for c in o.choices if [c] != [o.default])],
+        "bool": lambda: not o.default,
+        "number": lambda: 0 if o.zero_ok else (o.default or 1) / 2,
+        "path": lambda: "/elsewhere/" + o.key,
+        "resource-name": lambda: "example.com/" + o.key.lower(),
+        "address": lambda: "127.0.0.1:9400",
+        "text": lambda: "other",
+    }[o.kind]()
 
 
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o.key], ids=lambda o: o.key)
@@ -142,7 +149,9 @@ def test_a_reload_applies_exactly_the_live_options(tmp_path, caplog, option):
     params = {o.dest: o.default_for("serve") for o in options_for("serve")} | {"config_path": str(path)}
     settings = resolve(params, {}, "serve")
     running = resource_options(settings)
-    path.write_text(json.dumps({"version": "v1", "flags": {option.key: OTHER_VALUE[option.key]}}))
+    value = other_value(option)
+    assert value != option.default_for("serve"), option.key
+    path.write_text(json.dumps({"version": "v1", "flags": {option.key: value}}))
     with caplog.at_level("WARNING", logger="plugin.cli.options"):
         reloaded = resource_reloader(settings)()
     named = {name for r in caplog.records for name in getattr(r, "options", "").split(", ")}
