@@ -1,0 +1,137 @@
+{{/*
+Start-up refusals of the daemon, made at `helm install` / `helm template` time.
+
+Why: a combination the daemon refuses at start (say DRA and time-slicing on the GPU resource)
+would otherwise render, install, and crash-loop on every node. Each rule below is one the
+daemon applies to the config and flags this chart renders, checked here in the daemon's own
+order, with the daemon's own message: `<values path>: <the daemon's text after its location>`
+(the daemon names the rendered file and line, or `--dra-resources`; a chart user set a value).
+tests/chart/test_chart_refusals.py renders every rule here and runs the daemon on the same
+config, so the chart's text cannot drift from the daemon's.
+
+Rules (daemon source):
+- sharing.mps is refused (plugin/config/sharing.py parse_sharing)
+- NIC pool names: `<prefix>/<resourceName>` must be a valid extended resource name, and unique
+  (plugin/nic_pools/config.py)
+- gpuResourceName and nicResourceName must be valid extended resource names
+  (plugin/resource_names.py, checked by plugin/resources.py ResourceOptions)
+- dra.resources: each name must be a resource of this configuration; the GPU resource through DRA
+  needs migStrategy none and no time-slicing (plugin/serving_modes.py check_modes)
+- sharing.timeSlicing.resources: the name must be the GPU resource or a MIG resource of its
+  domain, the replicas' name (rename, or <name>.shared) a valid resource name, and no two
+  resources' replicas may share a name (plugin/time_slicing.py plan_time_slicing)
+The shape of sharing.timeSlicing (replicas >= 2, devices ...) is values.schema.json's.
+
+Not checked here, because they depend on the node's hardware (the daemon refuses them at start
+on the node where they occur):
+- --mig-strategy single with GPUs in MIG mode without MIG devices, with more than one MIG
+  profile, or with some GPUs not in MIG mode; --mig-strategy mixed with a MIG profile whose
+  compute instance is smaller than its GPU instance (plugin/mig_strategy.py)
+- time-slicing `devices:` against the node: a count above the GPUs there, an index or UUID the
+  node does not have, a partial selection that keeps the resource's name, a device shared by two
+  entries (plugin/time_slicing.py)
+- a resource name served twice, e.g. gpuResourceName equal to a NIC pool's name: only when the
+  node has devices of both (plugin/resources.py build_resources)
+- duplicate device IDs in the node's topology, NVML start-up (failOnInitError), an unusable DRA
+  checkpoint, no API server (plugin/resources.py, plugin/sources, plugin/dra)
+Also not seen: options set through extraArgs or extraEnv (they win over the config file), and
+the contents of config.existingConfigMap (no config rule is checked when it is set).
+*/}}
+
+{{/* The daemon's message for an invalid extended resource name (plugin/resource_names.py). */}}
+{{- define "topo-device-plugin.resourceNameError" -}}
+{{- $ok := regexMatch "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" . }}
+{{- if or (not $ok) (contains "kubernetes.io/" .) (hasPrefix "requests." .) -}}
+resource name '{{ . }}' is not a valid extended resource name (want <lowercase.domain>/<name>, not under kubernetes.io, e.g. nvidia.com/gpu)
+{{- end }}
+{{- end }}
+
+{{/* `gpu` -> `<domain>/gpu`: NVIDIA's qualification of a time-slicing name (plugin/config/sharing.py qualify). */}}
+{{- define "topo-device-plugin.qualify" -}}
+{{- if contains "/" .name }}{{ .name }}{{ else }}{{ printf "%s/%s" .domain .name }}{{ end }}
+{{- end }}
+
+{{- define "topo-device-plugin.validate" -}}
+{{- if not .Values.config.existingConfigMap }}
+{{- $flags := .Values.config.flags | default dict }}
+{{- $sharing := .Values.config.sharing | default dict }}
+{{- $pools := (.Values.config.nics | default dict).resourceList | default list }}
+{{- $gpu := $flags.gpuResourceName | default "nvidia.com/gpu" }}
+{{- $nic := $flags.nicResourceName | default "topo.dev/nic" }}
+{{- $mig := $flags.migStrategy | default "none" }}
+
+{{- /* sharing.mps */}}
+{{- if and (hasKey $sharing "mps") (not (kindIs "invalid" $sharing.mps)) }}
+{{- fail "config.sharing.mps: MPS sharing is not supported: it needs NVIDIA's MPS control daemon (fix: remove sharing.mps, or share GPUs by time-slicing with sharing.timeSlicing; see docs/sharing.md)" }}
+{{- end }}
+
+{{- /* NIC pools: names valid and unique */}}
+{{- $names := list $gpu }}
+{{- $seen := dict }}
+{{- range $i, $p := $pools }}
+{{- $full := printf "%s/%s" (ternary $p.resourcePrefix "topo.dev" (hasKey $p "resourcePrefix")) (toString $p.resourceName) }}
+{{- with include "topo-device-plugin.resourceNameError" $full }}
+{{- fail (printf "config.nics.resourceList[%d].resourceName: %s (fix: start and end the name with a letter or digit)" $i .) }}
+{{- end }}
+{{- if hasKey $seen $full }}
+{{- fail (printf "config.nics.resourceList[%d].resourceName: %s is already defined at nics.resourceList[%v] (fix: give every pool a unique resourceName (or a different resourcePrefix))" $i $full (get $seen $full)) }}
+{{- end }}
+{{- $_ := set $seen $full $i }}
+{{- $names = append $names $full }}
+{{- end }}
+{{- if not $pools }}
+{{- $names = append $names $nic }}
+{{- end }}
+
+{{- /* the GPU and default NIC resource names */}}
+{{- with include "topo-device-plugin.resourceNameError" $gpu }}
+{{- fail (printf "config.flags.gpuResourceName: %s" .) }}
+{{- end }}
+{{- with include "topo-device-plugin.resourceNameError" $nic }}
+{{- fail (printf "config.flags.nicResourceName: %s" .) }}
+{{- end }}
+
+{{- /* DRA vs device-plugin split */}}
+{{- $timeSlicing := $sharing.timeSlicing | default dict }}
+{{- $shared := $timeSlicing.resources | default list }}
+{{- range $name := .Values.dra.resources | default list }}
+{{- if not (has $name $names) }}
+{{- fail (printf "dra.resources: '%s' is not a resource of this configuration; it serves %s (fix: name one of these, or add a NIC pool called so under nics.resourceList)" $name (join ", " $names)) }}
+{{- end }}
+{{- end }}
+{{- if has $gpu (.Values.dra.resources | default list) }}
+{{- if ne $mig "none" }}
+{{- fail (printf "dra.resources: %s through DRA needs MIG strategy none, not '%s': MIG devices would be DRA partitionable devices, which are not supported (fix: set flags.migStrategy none, or remove %s from draResources to keep MIG on the device-plugin side)" $gpu $mig $gpu) }}
+{{- end }}
+{{- if $shared }}
+{{- fail (printf "dra.resources: %s through DRA cannot be time-sliced: a DRA device belongs to one claim at a time (fix: remove sharing.timeSlicing, or remove %s from draResources)" $gpu $gpu) }}
+{{- end }}
+{{- end }}
+
+{{- /* time-slicing entries */}}
+{{- $domain := splitList "/" $gpu | first }}
+{{- $targets := dict }}
+{{- range $i, $e := $shared }}
+{{- $where := printf "config.sharing.timeSlicing.resources[%d]" $i }}
+{{- $name := include "topo-device-plugin.qualify" (dict "name" (toString $e.name) "domain" $domain) }}
+{{- if not (or (eq $name $gpu) (hasPrefix (printf "%s/mig-" $domain) $name)) }}
+{{- fail (printf "%s.name: '%s' cannot be time-sliced: only %s and the MIG resources of --mig-strategy mixed (%s/mig-<profile>) can (fix: name one of them)" $where $name $gpu $domain) }}
+{{- end }}
+{{- $target := "" }}
+{{- if $e.rename }}
+{{- $target = include "topo-device-plugin.qualify" (dict "name" (toString $e.rename) "domain" $domain) }}
+{{- else }}
+{{- $target = printf "%s%s" $name (ternary ".shared" "" (eq (toString $timeSlicing.renameByDefault) "true")) }}
+{{- end }}
+{{- with include "topo-device-plugin.resourceNameError" $target }}
+{{- fail (printf "%s.rename: %s" $where .) }}
+{{- end }}
+{{- if and (hasKey $targets $target) (ne (get $targets $target) $name) }}
+{{- fail (printf "%s: %s already holds replicas of %s (fix: give the replicas of each resource their own name)" $where $target (get $targets $target)) }}
+{{- end }}
+{{- if not (hasKey $targets $target) }}
+{{- $_ := set $targets $target $name }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
