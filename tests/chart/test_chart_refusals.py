@@ -106,6 +106,24 @@ RULES = [
     Rule("nic-pool-duplicate", pools(POOL_A, {**POOL_A, "selectors": {"vendors": ["8086"]}}),
          "config.nics.resourceList[1].resourceName", "field", "example.com/rdma_a is already defined",
          "plugin/nic_pools/config.py"),
+    Rule("nic-selector-rdma-on-vfio", pools({**POOL_A, "selectors": {"drivers": ["vfio-pci"], "isRdma": True}}),
+         "config.nics.resourceList[0].selectors.isRdma", "field", "vfio-pci functions have no RDMA device",
+         "plugin/nic_pools/config.py"),
+    *[Rule(f"nic-{rid}", pools({**POOL_A, "selectors": [{"vendors": ["15b3"]}, {key: items}]}),
+           f"config.nics.resourceList[0].selectors[1].{key}[{len(items) - 1}]", "field", says,
+           "plugin/nic_pools/config.py")
+      for rid, key, items, says in [
+          ("pf-without-name", "pfNames", [" #0-3"], "' #0-3' names no PF"),
+          ("pf-two-hashes", "pfNames", ["ens1f0#0#1"], "'ens1f0#0#1' has more than one '#'"),
+          ("pf-no-index", "pfNames", ["ens1f0# "], "'ens1f0# ' has no VF index after '#'"),
+          ("pf-bad-range", "pfNames", ["ens1f0#0,a-b"], "has a bad VF index or range 'a-b'"),
+          ("pf-range-reversed", "pfNames", ["ens1f0#2,7-3"], "has the range '7-3' whose end is before its start"),
+          # Python's repr picks double quotes for a name with a quote, and long values are clipped.
+          ("pf-quoted-long-name", "pfNames", ["it's-" + "p" * 90 + "#5-1"], "whose end is before its start"),
+          ("pf-listed-twice", "pfNames", ["ens1f0#0-1", " ENS1F0#3"], "'ENS1F0' is already listed"),
+          ("root-device-not-pci", "rootDevices", ["3b:00#1"], "'3b:00' is not a PCI address"),
+          ("root-device-listed-twice", "rootDevices", ["3b:00.0#0", "0000:3B:00.0#1"], "is already listed at"),
+      ]],
     Rule("gpu-resource-name-invalid", flags(gpuResourceName="example.kubernetes.io/gpu"),
          "config.flags.gpuResourceName", None, "'example.kubernetes.io/gpu' is not a valid extended resource name",
          "plugin/resource_names.py"),
@@ -257,9 +275,9 @@ def test_every_check_of_the_chart_has_a_rule_here():
     """Each `fail` of _validate.tpl is exercised above: a check added without a test fails this."""
     text = (CHART / "templates" / "_validate.tpl").read_text()
     fails = re.findall(r"\bfail\b", text.split("*/}}", 1)[1])
-    # sharing.mps, pool name, pool duplicate, GPU name, NIC name, DRA unknown/MIG/time-sliced,
-    # time-slicing family/rename/collision.
-    assert len(fails) == 11, f"{len(fails)} fail calls: add a Rule for the new one and update this count"
+    # sharing.mps; NIC pool name, 7 pfNames/rootDevices item rules, isRdma on vfio-pci, pool duplicate;
+    # GPU name, NIC name; DRA unknown/MIG/time-sliced; time-slicing family/rename/collision.
+    assert len(fails) == 19, f"{len(fails)} fail calls: add a Rule for the new one and update this count"
     wheres = {r.where.split("[")[0] for r in RULES}
     for where in ("config.sharing.mps", "config.nics.resourceList", "config.flags.gpuResourceName",
                   "config.flags.nicResourceName", "dra.resources", "config.sharing.timeSlicing.resources"):
@@ -298,6 +316,10 @@ ACCEPTED = {
     "time-slicing-renamed": merged(dra("example.com/" + "r" * 63), pools({**POOL_A, "resourceName": "r" * 63}),
                                    time_slicing({"name": "nvidia.com/gpu", "replicas": 2, "rename": "gpu-shared"},
                                                 {"name": "mig-2g.20gb", "replicas": 2})),
+    # VF ranges, PCI addresses with and without a domain, RDMA beside a kernel driver: all fine.
+    "nic-pool-selectors": merged(dra("example.com/rdma_a"), pools({**POOL_A, "selectors": [
+        {"pfNames": ["ens1f0#0,2-7", "ens1f1", "ens1f2#3-3"], "isRdma": True, "drivers": ["vfio-pci", "mlx5_core"]},
+        {"rootDevices": ["0000:3b:00.0#0-3", "3b:00.1", "0001:3b:00.0"]}]})),
     # The GPU through DRA with MIG strategy none said explicitly, beside NIC pools.
     "dra-gpu-mig-none": merged(dra("nvidia.com/gpu"), flags(migStrategy="none"), pools(POOL_A)),
 }

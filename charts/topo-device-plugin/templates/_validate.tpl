@@ -11,8 +11,10 @@ config, so the chart's text cannot drift from the daemon's.
 
 Rules (daemon source):
 - sharing.mps is refused (plugin/config/sharing.py parse_sharing)
-- NIC pool names: `<prefix>/<resourceName>` must be a valid extended resource name, and unique
-  (plugin/nic_pools/config.py)
+- NIC pools (plugin/nic_pools/config.py): `<prefix>/<resourceName>` must be a valid extended
+  resource name and unique; pfNames/rootDevices items `PF[#indexes]` must name a PF (a PCI
+  address for rootDevices), have at most one '#', indexes and ranges `a-b` with a <= b after it,
+  and no PF twice in one list; a selector may not ask for isRdma on vfio-pci functions only
 - gpuResourceName and nicResourceName must be valid extended resource names
   (plugin/resource_names.py, checked by plugin/resources.py ResourceOptions)
 - dra.resources: each name must be a resource of this configuration; the GPU resource through DRA
@@ -51,6 +53,65 @@ resource name '{{ . }}' is not a valid extended resource name (want <lowercase.d
 {{- if contains "/" .name }}{{ .name }}{{ else }}{{ printf "%s/%s" .domain .name }}{{ end }}
 {{- end }}
 
+{{/* Python's repr() of a string, clipped to 80 characters as the daemon's messages clip it (plugin/errors.py shorten). */}}
+{{- define "topo-device-plugin.repr" -}}
+{{- $s := replace "\\" "\\\\" (toString .) }}
+{{- $r := "" }}
+{{- if and (contains "'" $s) (not (contains "\"" $s)) }}
+{{- $r = printf "\"%s\"" $s }}
+{{- else }}
+{{- $r = printf "'%s'" (replace "'" "\\'" $s) }}
+{{- end }}
+{{- if gt (len $r) 80 }}{{ printf "%s…%s" (substr 0 75 $r) (substr (int (sub (len $r) 4)) (len $r) $r) }}{{ else }}{{ $r }}{{ end }}
+{{- end }}
+
+{{/* The daemon's checks of a pfNames/rootDevices list, `PF[#indexes]` items (plugin/nic_pools/config.py
+vf_ranges): {path, kind, items}. */}}
+{{- define "topo-device-plugin.checkVfRanges" -}}
+{{- $example := ternary "ens1f0#0,2-7" "0000:3b:00.0#0,2-7" (eq .kind "pfNames") }}
+{{- $seen := dict }}
+{{- range $i, $raw := .items }}
+{{- $p := printf "config.%s[%d]" $.path $i }}
+{{- $item := toString $raw }}
+{{- $r := include "topo-device-plugin.repr" $item }}
+{{- $parts := splitList "#" $item }}
+{{- $head := first $parts | trim }}
+{{- if not $head }}
+{{- fail (printf "%s: %s names no PF (fix: write the PF before '#', e.g. '%s')" $p $r $example) }}
+{{- end }}
+{{- $pf := lower $head }}
+{{- if eq $.kind "rootDevices" }}
+{{- if not (regexMatch "^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\\.[0-7]$" $head) }}
+{{- fail (printf "%s: %s is not a PCI address (fix: write domain:bus:device.function, e.g. '0000:3b:00.2')" $p (include "topo-device-plugin.repr" $head)) }}
+{{- end }}
+{{- $pf = lower (ternary $head (printf "0000:%s" $head) (regexMatch "^[0-9a-fA-F]{4}:" $head)) }}
+{{- end }}
+{{- if gt (len $parts) 1 }}
+{{- if gt (len $parts) 2 }}
+{{- fail (printf "%s: %s has more than one '#' (fix: write one '#', e.g. '%s')" $p $r $example) }}
+{{- end }}
+{{- $tail := index $parts 1 }}
+{{- if not (trim $tail) }}
+{{- fail (printf "%s: %s has no VF index after '#' (fix: list VF indexes or ranges after '#', e.g. '%s', or drop '#' for all VFs)" $p $r $example) }}
+{{- end }}
+{{- range $part := splitList "," $tail }}
+{{- $part = trim $part }}
+{{- if not (regexMatch "^[0-9]+(-[0-9]+)?$" $part) }}
+{{- fail (printf "%s: %s has a bad VF index or range %s (fix: write indexes and inclusive ranges like '%s')" $p $r (include "topo-device-plugin.repr" $part) $example) }}
+{{- end }}
+{{- $ends := splitList "-" $part }}
+{{- if lt (atoi (last $ends)) (atoi (first $ends)) }}
+{{- fail (printf "%s: %s has the range %s whose end is before its start (fix: write it as %d-%d)" $p $r (include "topo-device-plugin.repr" $part) (atoi (last $ends)) (atoi (first $ends))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if hasKey $seen $pf }}
+{{- fail (printf "%s: %s is already listed at %s[%v] (only the first would count) (fix: merge the VF ranges into one item, e.g. 'ens1f0#0-1,3')" $p (include "topo-device-plugin.repr" $head) $.path (get $seen $pf)) }}
+{{- end }}
+{{- $_ := set $seen $pf $i }}
+{{- end }}
+{{- end }}
+
 {{- define "topo-device-plugin.validate" -}}
 {{- if not .Values.config.existingConfigMap }}
 {{- $flags := .Values.config.flags | default dict }}
@@ -72,6 +133,28 @@ resource name '{{ . }}' is not a valid extended resource name (want <lowercase.d
 {{- $full := printf "%s/%s" (ternary $p.resourcePrefix "topo.dev" (hasKey $p "resourcePrefix")) (toString $p.resourceName) }}
 {{- with include "topo-device-plugin.resourceNameError" $full }}
 {{- fail (printf "config.nics.resourceList[%d].resourceName: %s (fix: start and end the name with a letter or digit)" $i .) }}
+{{- end }}
+{{- $selectors := list }}
+{{- if kindIs "map" $p.selectors }}
+{{- $selectors = list (dict "path" (printf "nics.resourceList[%d].selectors" $i) "selector" $p.selectors) }}
+{{- else }}
+{{- range $j, $sel := $p.selectors }}
+{{- $selectors = append $selectors (dict "path" (printf "nics.resourceList[%d].selectors[%d]" $i $j) "selector" $sel) }}
+{{- end }}
+{{- end }}
+{{- range $selectors }}
+{{- $sel := .selector }}
+{{- $spath := .path }}
+{{- range $key := list "pfNames" "rootDevices" }}
+{{- with index $sel $key }}
+{{- include "topo-device-plugin.checkVfRanges" (dict "path" (printf "%s.%s" $spath $key) "kind" $key "items" .) }}
+{{- end }}
+{{- end }}
+{{- $drivers := list }}
+{{- range $sel.drivers | default list }}{{ $drivers = append $drivers (trim .) }}{{ end }}
+{{- if and (eq (toString $sel.isRdma) "true") (eq (join "," (uniq $drivers)) "vfio-pci") }}
+{{- fail (printf "config.%s.isRdma: vfio-pci functions have no RDMA device, so nothing can match (fix: drop isRdma or select a kernel driver such as mlx5_core)" $spath) }}
+{{- end }}
 {{- end }}
 {{- if hasKey $seen $full }}
 {{- fail (printf "config.nics.resourceList[%d].resourceName: %s is already defined at nics.resourceList[%v] (fix: give every pool a unique resourceName (or a different resourcePrefix))" $i $full (get $seen $full)) }}
