@@ -36,8 +36,10 @@ on the node where they occur):
   node has devices of both (plugin/resources.py build_resources)
 - duplicate device IDs in the node's topology, NVML start-up (failOnInitError), an unusable DRA
   checkpoint, no API server (plugin/resources.py, plugin/sources, plugin/dra)
-Also not seen: options set through extraArgs or extraEnv (they win over the config file), and
-the contents of config.existingConfigMap (no config rule is checked when it is set).
+Options the rules read (gpuResourceName, nicResourceName, migStrategy) are taken as the daemon
+takes them: extraArgs over extraEnv over config.flags. Not seen: an extraEnv value from valueFrom,
+other options in extraArgs or extraEnv (the config file's NIC pools and sharing cannot be set
+there), and the contents of config.existingConfigMap (no rule is checked when it is set).
 */}}
 
 {{/* The daemon's message for an invalid extended resource name (plugin/resource_names.py). */}}
@@ -112,14 +114,40 @@ vf_ranges): {path, kind, items}. */}}
 {{- end }}
 {{- end }}
 
+{{/* An option as the daemon resolves it (plugin/cli/options.py resolve: flag > TOPO_DP_<OPTION> >
+config file > default), from the last `--flag=V` of extraArgs (the schema wants every item to start
+with '-', so `--flag V` cannot be given), else the last plain
+`value` of that variable in extraEnv, else config.flags: JSON {value, where}. Input: {root, key, flag,
+default}. */}}
+{{- define "topo-device-plugin.option" -}}
+{{- $value := index (.root.Values.config.flags | default dict) .key | default .default | toString }}
+{{- $where := printf "config.flags.%s" .key }}
+{{- $env := printf "TOPO_DP_%s" (snakecase .key | upper) }}
+{{- range .root.Values.extraEnv | default list }}
+{{- if and (eq (toString .name) $env) (hasKey . "value") }}
+{{- $value = toString .value }}
+{{- $where = "extraEnv" }}
+{{- end }}
+{{- end }}
+{{- range .root.Values.extraArgs | default list }}
+{{- if hasPrefix (printf "%s=" $.flag) . }}
+{{- $value = trimPrefix (printf "%s=" $.flag) . }}
+{{- $where = "extraArgs" }}
+{{- end }}
+{{- end }}
+{{- toJson (dict "value" $value "where" $where) }}
+{{- end }}
+
 {{- define "topo-device-plugin.validate" -}}
 {{- if not .Values.config.existingConfigMap }}
 {{- $flags := .Values.config.flags | default dict }}
 {{- $sharing := .Values.config.sharing | default dict }}
 {{- $pools := (.Values.config.nics | default dict).resourceList | default list }}
-{{- $gpu := $flags.gpuResourceName | default "nvidia.com/gpu" }}
-{{- $nic := $flags.nicResourceName | default "topo.dev/nic" }}
-{{- $mig := $flags.migStrategy | default "none" }}
+{{- $gpuOption := include "topo-device-plugin.option" (dict "root" . "key" "gpuResourceName" "flag" "--gpu-resource-name" "default" "nvidia.com/gpu") | fromJson }}
+{{- $nicOption := include "topo-device-plugin.option" (dict "root" . "key" "nicResourceName" "flag" "--nic-resource-name" "default" "topo.dev/nic") | fromJson }}
+{{- $gpu := $gpuOption.value }}
+{{- $nic := $nicOption.value }}
+{{- $mig := (include "topo-device-plugin.option" (dict "root" . "key" "migStrategy" "flag" "--mig-strategy" "default" "none") | fromJson).value }}
 
 {{- /* sharing.mps */}}
 {{- if and (hasKey $sharing "mps") (not (kindIs "invalid" $sharing.mps)) }}
@@ -168,10 +196,10 @@ vf_ranges): {path, kind, items}. */}}
 
 {{- /* the GPU and default NIC resource names */}}
 {{- with include "topo-device-plugin.resourceNameError" $gpu }}
-{{- fail (printf "config.flags.gpuResourceName: %s" .) }}
+{{- fail (printf "%s: %s" $gpuOption.where .) }}
 {{- end }}
 {{- with include "topo-device-plugin.resourceNameError" $nic }}
-{{- fail (printf "config.flags.nicResourceName: %s" .) }}
+{{- fail (printf "%s: %s" $nicOption.where .) }}
 {{- end }}
 
 {{- /* DRA vs device-plugin split */}}
