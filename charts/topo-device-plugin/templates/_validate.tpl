@@ -26,8 +26,8 @@ The shape of sharing.timeSlicing (replicas >= 2, devices ...) is values.schema.j
 
 Not checked here, because they depend on the node's hardware (the daemon refuses them at start
 on the node where they occur):
-- --mig-strategy single with GPUs in MIG mode without MIG devices, with more than one MIG
-  profile, or with some GPUs not in MIG mode; --mig-strategy mixed with a MIG profile whose
+- migStrategy single with GPUs in MIG mode without MIG devices, with more than one MIG
+  profile, or with some GPUs not in MIG mode; migStrategy mixed with a MIG profile whose
   compute instance is smaller than its GPU instance (plugin/mig_strategy.py)
 - time-slicing `devices:` against the node: a count above the GPUs there, an index or UUID the
   node does not have, a partial selection that keeps the resource's name, a device shared by two
@@ -140,7 +140,6 @@ default}. */}}
 
 {{- define "topo-device-plugin.validate" -}}
 {{- if not .Values.config.existingConfigMap }}
-{{- $flags := .Values.config.flags | default dict }}
 {{- $sharing := .Values.config.sharing | default dict }}
 {{- $pools := (.Values.config.nics | default dict).resourceList | default list }}
 {{- $gpuOption := include "topo-device-plugin.option" (dict "root" . "key" "gpuResourceName" "flag" "--gpu-resource-name" "default" "nvidia.com/gpu") | fromJson }}
