@@ -1,6 +1,6 @@
 """The Helm chart: lint, render, strict decode against the Kubernetes API types, schema.
 
-Tools: a real `helm` built from its Go module by scripts/install_helm.sh and the
+Tools (conftest.py): a real `helm` built from its Go module by scripts/install_helm.sh and the
 chart-decode program in tests/chart/decode (k8s.io/api types, strict decoding), both
 cached under ~/.cache/topo-device-plugin/bin. Cold builds take a few minutes; warm runs
 reuse the binaries at once. Where no Go toolchain (or no module proxy) is available the
@@ -26,38 +26,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "topo-device-plugin"
-DECODE_DIR = Path(__file__).resolve().parent / "decode"
 NAMESPACE = "topo-system"
 RELEASE = "tdp"
 
 # Cold builds of helm and chart-decode run inside the first test that needs them.
 pytestmark = pytest.mark.timeout(1800)
-
-
-# ---- tools -------------------------------------------------------------------------------
-
-
-def _build(cmd: list[str], what: str) -> str:
-    """Run a build script that prints a binary path; skip (or fail) with the reason."""
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode == 0 and proc.stdout.strip():
-        return proc.stdout.strip().splitlines()[-1]
-    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-    reason = f"cannot build {what} ({' '.join(cmd)} exited {proc.returncode}):\n{tail}"
-    print(reason, file=sys.stderr)
-    if os.environ.get("TOPO_DP_REQUIRE_CHART_TOOLS") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    return _build(["bash", str(ROOT / "scripts" / "install_helm.sh")], "helm")
-
-
-@pytest.fixture(scope="session")
-def decoder() -> str:
-    return _build(["bash", str(DECODE_DIR / "build.sh")], "chart-decode")
 
 
 @dataclass
