@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from plugin.config import ConfigError, parse_config
-from tests.chart.test_chart import CHART, RELEASE, helm, run_helm, write_values  # noqa: F401 (helm: a fixture)
+from plugin.resource_names import RESOURCE_NAME_PATTERN
+from tests.chart.test_chart import CHART, RELEASE, run_helm, write_values
 
 DOMAIN_253 = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])
 CASES = [
@@ -49,3 +50,9 @@ def test_helm_and_the_daemon_agree(helm, tmp_path, key, value, ok):
     rendered = yaml.safe_load(proc.stdout)["data"]["config.yaml"]
     assert yaml.safe_load(rendered)["flags"][key] == value
     assert daemon_accepts(rendered)
+
+
+def test_the_templates_check_resource_names_by_the_daemons_pattern():
+    """templates/_validate.tpl restates the rule for extraArgs/extraEnv values, which no schema sees."""
+    text = (CHART / "templates" / "_validate.tpl").read_text()
+    assert f'regexMatch "{RESOURCE_NAME_PATTERN}"' in text

@@ -81,7 +81,8 @@ class Rule:
 
     `location`: how the daemon's message names the place: `field` (`<config file>[:<line>]:
     field <field>: `, the chart's `where` is then `config.<field>`), `--dra-resources` (the flag
-    the chart renders from dra.resources), or None (no place: the chart names the value).
+    the chart renders from dra.resources), `Invalid value for '<flag>'` (a flag's value refused
+    when the command line is read), or None (no place: the chart names the value).
     `says`: words that identify the rule, so another refusal cannot pass for this one.
     """
 
@@ -124,17 +125,15 @@ RULES = [
           ("root-device-not-pci", "rootDevices", ["3b:00#1"], "'3b:00' is not a PCI address"),
           ("root-device-listed-twice", "rootDevices", ["3b:00.0#0", "0000:3B:00.0#1"], "is already listed at"),
       ]],
-    Rule("gpu-resource-name-invalid", flags(gpuResourceName="example.kubernetes.io/gpu"),
-         "config.flags.gpuResourceName", None, "'example.kubernetes.io/gpu' is not a valid extended resource name",
-         "plugin/resource_names.py"),
-    Rule("gpu-resource-name-too-long", flags(gpuResourceName="example.com/" + "g" * 64),
-         "config.flags.gpuResourceName", None, "is not a valid extended resource name", "plugin/resource_names.py"),
+    # Resource names under config.flags: the generated rules of values.schema.json refuse them before any
+    # template runs, as the daemon's config schema does (tests/chart/test_chart_flags.py). On the command
+    # line the daemon names the flag.
     Rule("gpu-resource-name-invalid-in-extra-args", {"extraArgs": ["--gpu-resource-name=example.kubernetes.io/gpu"]},
-         "extraArgs", None, "'example.kubernetes.io/gpu' is not a valid extended resource name",
-         "plugin/resource_names.py"),
-    Rule("nic-resource-name-invalid", flags(nicResourceName="requests.example.com/nic"),
-         "config.flags.nicResourceName", None, "'requests.example.com/nic' is not a valid extended resource name",
-         "plugin/resource_names.py"),
+         "extraArgs", "Invalid value for '--gpu-resource-name'",
+         "'example.kubernetes.io/gpu' is not a valid extended resource name", "plugin/resource_names.py"),
+    Rule("gpu-resource-name-domain-too-long-in-extra-args",
+         {"extraArgs": ["--gpu-resource-name=" + "d" * 254 + "/gpu"]}, "extraArgs",
+         "Invalid value for '--gpu-resource-name'", "is not a valid extended resource name", "plugin/resource_names.py"),
     Rule("dra-unknown-resource", dra("nvidia.com/gpu", "topo.dev/nics"),
          "dra.resources", "--dra-resources", "'topo.dev/nics' is not a resource of this configuration",
          "plugin/serving_modes.py"),

@@ -44,7 +44,7 @@ there), and the contents of config.existingConfigMap (no rule is checked when it
 
 {{/* The daemon's message for an invalid extended resource name (plugin/resource_names.py). */}}
 {{- define "topo-device-plugin.resourceNameError" -}}
-{{- $ok := regexMatch "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" . }}
+{{- $ok := regexMatch "^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" . }}
 {{- if or (not $ok) (contains "kubernetes.io/" .) (hasPrefix "requests." .) -}}
 resource name '{{ . }}' is not a valid extended resource name (want <lowercase.domain>/<name>, not under kubernetes.io, e.g. nvidia.com/gpu)
 {{- end }}
