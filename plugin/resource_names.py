@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import re
 
+from .config.flags import RESERVED_PATTERNS, RESOURCE_NAME_PATTERN
 from .errors import OptionError
 
-# `domain/name`, not in kubernetes.io (the kubelet's IsExtendedResourceName): a DNS subdomain of at
-# most 253 characters, a name of at most 63. Plain patterns (no look-ahead), because the option
-# declarations put them in the JSON schemas too, and helm checks the chart's with Go's RE2.
-RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-RESOURCE_NAME_MAX = 253 + 1 + 63
-#: Names the kubelet keeps for itself (searched anywhere in the name).
-RESERVED_PATTERNS = (r"kubernetes\.io/", r"^requests\.")
+# The rule (`<domain>/<name>`, not in kubernetes.io: the kubelet's IsExtendedResourceName) is declared
+# with the options (`plugin.config.flags`), which put it in the config file's and the chart's schemas too.
 _RESOURCE_RE = re.compile(RESOURCE_NAME_PATTERN)
 _RESERVED_RE = [re.compile(p) for p in RESERVED_PATTERNS]
 

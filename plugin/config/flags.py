@@ -4,9 +4,10 @@ Why one table: an option can come from a flag, from `TOPO_DP_<OPTION>` and
 from the config file's `flags:`, in that order of precedence, and operators
 set it through the Helm chart. The click options (`plugin.cli.options`), the
 precedence step, the JSON schema of the config file's `flags:` section, the
-check of the chart's `values.schema.json` and the options table in
-docs/configuration.md are all derived from `OPTIONS`, so adding an option is
-one declaration here (plus its use). NVIDIA's plugin does the same with one
+`config.flags` part of the chart's `values.schema.json` and the options table
+in docs/configuration.md are all derived from `OPTIONS`, so adding an option
+is one declaration here (plus its use), then `python scripts/options_docs.py`
+to rewrite the two generated files (a test fails while they are stale). NVIDIA's plugin does the same with one
 typed flags struct (`api/config/v1/flags.go`).
 
 Each option says what it feeds (`Target`), and whether a config reload
@@ -31,7 +32,6 @@ from enum import Enum
 from typing import Any
 
 from ..gpu_allocate import DEVICE_LIST_STRATEGIES
-from ..resource_names import RESERVED_PATTERNS, RESOURCE_NAME_MAX, RESOURCE_NAME_PATTERN
 
 #: Commands that read the options shared by every command that looks at a node.
 NODE_COMMANDS = frozenset({"serve", "discover", "demo", "allocate", "explain"})
@@ -45,6 +45,14 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 #: `path`: an absolute path (a relative one would depend on the daemon's working directory, which
 #: nobody chooses in a pod). `resource-name`: an extended resource name the kubelet accepts.
 KINDS = ("text", "choice", "choice-list", "list", "number", "bool", "address", "path", "resource-name")
+
+#: An extended resource name the kubelet accepts in Register (its IsExtendedResourceName): `<domain>/<name>`,
+#: the domain a DNS subdomain of at most 253 characters, the name at most 63. A plain pattern (no look-ahead):
+#: the daemon checks it with Python's `re` (`plugin.resource_names`), helm the chart's schema with Go's RE2.
+RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+RESOURCE_NAME_MAX = 253 + 1 + 63
+#: Names the kubelet keeps for itself (searched anywhere in the name).
+RESERVED_PATTERNS = (r"kubernetes\.io/", r"^requests\.")
 
 #: What to write instead, per kind with a rule of its own (click errors and config-file errors say it).
 KIND_FIX = {

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from plugin.config import ConfigError, parse_config
-from plugin.resource_names import RESOURCE_NAME_PATTERN
+from plugin.config.flags import RESOURCE_NAME_PATTERN
 from tests.chart.test_chart import CHART, RELEASE, run_helm, write_values
 
 DOMAIN_253 = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])
