@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import re
 import time
@@ -30,8 +29,6 @@ from dataclasses import dataclass, field
 import grpc
 
 from ..api import api_pb2, api_pb2_grpc
-
-log = logging.getLogger(__name__)
 
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
