@@ -3,7 +3,7 @@
 Printed tables, not pass/fail. For each simulated node, a real daemon process
 (`python -m plugin serve --simulate NODE`) serves the kubelet stand-in over
 real unix sockets, once with the pairing window at 1 s and once at 0 (off).
-The stand-in's device-manager walk (`plugin.demo.device_manager`) admits the
+The stand-in's device-manager walk (`topo_testkit.device_manager`) admits the
 same random pod sequence with churn in both runs: each pod one container
 asking g GPUs and g NICs (g = 1..4), its two resources in random order (Go map
 order), Topology Manager policy none, GetPreferredAllocation where the
@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT.parent / "tests" / "support"))
 from allocator.topology import DeviceKind  # noqa: E402
 from allocator_bench import pct, table  # noqa: E402
 from pairing_bench import churn  # noqa: E402
-from plugin.demo.device_manager import StandinDeviceManager, pod  # noqa: E402
-from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
+from topo_testkit.device_manager import StandinDeviceManager, pod  # noqa: E402
+from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
 from plugin.resources import ResourceOptions, build_resources  # noqa: E402
 from plugin.sources.simulated import load_simulated  # noqa: E402
 from topo_testkit import pythonpath_env  # noqa: E402
