@@ -72,7 +72,6 @@ class _Fn:
     vendor: str
     device: str
     chain: tuple[str, ...]
-    is_vf: bool
 
     @property
     def ids(self) -> tuple[str, str]:
@@ -109,11 +108,13 @@ def _scan(sysfs_root: str) -> dict[str, _Fn]:
     out: dict[str, _Fn] = {}
     for bdf in names:
         path = os.path.join(base, bdf)
+        if os.path.islink(os.path.join(path, "physfn")):
+            continue  # a VF: it follows its PF (`Device.attributes["pf"]`), no need to place it
         chain = pci_path(sysfs_root, bdf)
         if chain is None:
             continue
         out[bdf] = _Fn(bdf, path, _read_id(os.path.join(path, "vendor")), _read_id(os.path.join(path, "device")),
-                       chain, os.path.islink(os.path.join(path, "physfn")))
+                       chain)
     return out
 
 
@@ -152,7 +153,7 @@ class _Classifier:
             sw = self.switch_of(fn)
             if sw is not None:
                 below.setdefault(sw, []).append(fn)
-        pfs = [f for f in self.fns.values() if f.ids in CX_PFS and not f.is_vf]
+        pfs = [f for f in self.fns.values() if f.ids in CX_PFS]
         placed: set[str] = set()
         for g in self.gpus:
             assert g.pci_bus_id is not None
@@ -161,7 +162,7 @@ class _Classifier:
                 continue
             placed.add(g.name)
             members = below.get(sw, [])
-            inline = [f.bdf for f in members if f.ids in CX_PFS and not f.is_vf]
+            inline = [f.bdf for f in members if f.ids in CX_PFS]
             if inline:
                 pf_fn = self.fns[inline[0]]
                 cid = self.serial(pf_fn) or f"cx-switch-{sw}"
@@ -226,6 +227,8 @@ class _Classifier:
 
 def classify_complexes(sysfs_root: str, gpus: Sequence[Device], nics: Sequence[Device]) -> ComplexReport:
     """The complexes of this node's GPUs (NVML, kernel-form PCI addresses) and offered NICs."""
+    if not gpus:
+        return ComplexReport()
     c = _Classifier(sysfs_root, gpus, nics)
     c.run()
     return c.report()
