@@ -42,10 +42,8 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
-
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from allocator.topology import HEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
 
@@ -55,6 +53,9 @@ from .errors import TopologyError
 from .pcie import pci_path, pcie_level
 from .sysfs_nics import NicInventory, discover_nics, link_states
 from .udev_hotplug import SUBSYSTEMS, HotplugWatcher, MonitorFactory, UdevMonitor
+
+if TYPE_CHECKING:
+    from ..fabric_labels import FabricLabelFile
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +136,16 @@ def cpu_numa_map(sysfs_root: str) -> dict[int, int | None]:
     return out
 
 
-def _cpu_numa(devices: Sequence[Device], mapping: Mapping[int, int | None]) -> list[Device]:
-    out = []
+def _cpu_numa(devices: Sequence[Device], mapping: Mapping[int, int | None]) -> tuple[list[Device], list[str]]:
+    """Devices with a CPU node for a CPU-less one, and a line for each device so moved."""
+    out, notes = [], []
     for d in devices:
         if d.numa is not None and d.numa in mapping:
-            log.warning("device reports a NUMA node without CPUs; using the nearest CPU node",
-                        extra={"device": d.name, "numa": d.numa, "cpu_numa": mapping[d.numa]})
+            notes.append(f"{d.name} reports NUMA node {d.numa}, which has no CPUs; using the nearest CPU "
+                         f"node, {mapping[d.numa]}")
             d = replace(d, numa=mapping[d.numa])
         out.append(d)
-    return out
+    return out, notes
 
 
 def pcie_links(sysfs_root: str, gpus: Sequence[Device], nics: Sequence[Device]) -> dict[tuple[str, str], Link]:
@@ -221,7 +223,7 @@ class HardwareSource:
         self._gpu_health: dict[str, str] = {}
         self.watcher: HotplugWatcher | None = None
         self._warned: set[str] = set()
-        self.labels: Any = None
+        self.labels: FabricLabelFile | None = None
         if o.fabric_labels_file:
             from ..fabric_labels import FabricLabelFile  # noqa: PLC0415
 
@@ -249,7 +251,9 @@ class HardwareSource:
             nics = self.nic_inventory.devices
         numa_map = cpu_numa_map(o.sysfs_root)
         if numa_map:
-            gpus, nics = _cpu_numa(gpus, numa_map), _cpu_numa(nics, numa_map)
+            (gpus, on_gpus), (nics, on_nics) = _cpu_numa(gpus, numa_map), _cpu_numa(nics, numa_map)
+            for note in on_gpus + on_nics:
+                self._warn_once("device NUMA node", note)
         whole = [g for g in gpus if g.kind is DeviceKind.GPU]
         links.update(pcie_links(o.sysfs_root, whole, nics))
         gpus, nics = self._with_complexes(gpus, nics)
@@ -260,13 +264,17 @@ class HardwareSource:
         except ValueError as e:
             raise TopologyError(self.description, f"discovered devices do not form a topology: {e}") from None
 
+    def _warn_once(self, what: str, detail: str) -> None:
+        """A hardware fact that stays wrong is said once, not at every rescan."""
+        if detail not in self._warned:
+            self._warned.add(detail)
+            log.warning("%s: %s", what, detail)
+
     def _with_complexes(self, gpus: list[Device], nics: Sequence[Device]) -> tuple[list[Device], list[Device]]:
         """GPUs and NICs with their complex set; each new warning is logged once."""
         report = classify_complexes(self.options.sysfs_root, [g for g in gpus if g.kind is DeviceKind.GPU], nics)
         for w in report.warnings:
-            if w not in self._warned:
-                self._warned.add(w)
-                log.warning("GPU-NIC complex not recognised: %s", w)
+            self._warn_once("GPU-NIC complex not recognised", w)
 
         def put(d: Device) -> Device:
             if d.name in report.members:
