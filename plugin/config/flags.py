@@ -174,6 +174,11 @@ OPTIONS: tuple[Option, ...] = (
            kind="bool", default=True),
     Option("nic_link_health", "Mark a NIC Unhealthy while its link is down (polled every 2 s).", kind="bool",
            default=False),
+    Option("fabric_labels_file", "Keep the GPUs' NVLink fabric clique as the node label nvidia.com/gpu.clique="
+           "<cluster UUID>.<clique ID> in this Node Feature Discovery feature file (a file in NFD's features.d "
+           "directory, mounted into the container); rewritten when the clique changes, removed when there is "
+           "none (docs/platforms.md).", commands=SERVE, metavar="FILE", default_text="off",
+           schema_extra={"pattern": "^/"}),
     Option("kubelet_root_dir", "The kubelet's --root-dir.", default="/var/lib/kubelet", commands=SERVE,
            chart_managed=True),
     Option("device_plugin_path", "Where kubelet.sock is and our sockets go.", commands=SERVE, chart_managed=True,

@@ -19,6 +19,9 @@ Attributes (resource.k8s.io/v1, Kubernetes 1.37):
   and a NIC with one value pair as `PIX` whatever their PCIe path); for NICs
   `netdev`, `rdma`, `pf` (the physical function/port it belongs to), `vf`,
   `vfIndex`, `linkType`, `driver`. GPU memory is the capacity `memory`.
+  GPUs in a completed NVLink fabric (GB200/GB300 NVL72) also carry `clique`
+  (string `<cluster UUID>.<clique ID>`, the value of GPU Feature Discovery's
+  `nvidia.com/gpu.clique` label), so a claim can keep its GPUs in one domain.
 
 Unhealthy devices: with `unhealthy="taint"` (default) they stay in the slice
 with a `NoSchedule` taint `<driver>/unhealthy` (device taints are GA in 1.37),
@@ -168,6 +171,9 @@ def _gpu_attributes(topology: NodeTopology, d: Device) -> tuple[dict[str, Any], 
         attrs["model"] = _s(d.model)
     if d.minor is not None:
         attrs["minor"] = {"int": d.minor}
+    if d.fabric is not None and d.fabric.state == "completed":
+        # The NVLink domain (multi-node NVLink): a claim can ask for GPUs of one clique.
+        attrs["clique"] = _s(d.fabric.clique)
     capacity = {"memory": {"value": f"{d.memory_mib}Mi"}} if d.memory_mib else {}
     return attrs, capacity
 
