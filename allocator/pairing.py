@@ -47,9 +47,17 @@ def pair_weight(topology: NodeTopology, a: Device, b: Device) -> int:
     weight is the spec's link weight (`PIX` 50 ... `SYS` 10); `NV<n>` does not
     occur between a GPU and a NIC, but if a topology said so it would weigh
     100 x n like any NVLink pair, which is what the spec's table defines.
+
+    GPU–NIC complexes (Grace, ConnectX-8 Data Direct, NICs on CPU root ports):
+    a GPU and a NIC of one complex weigh `PIX` whatever their PCIe path, because
+    there the platform, not the path, says which NIC is the GPU's. This is the
+    one place the rule lives: `PairingIndex`, `discover` and `explain` all read
+    pairing weights from here, so a node without complexes keeps its answers.
     """
     if {a.kind, b.kind} != {DeviceKind.GPU, DeviceKind.NIC}:
         return 0
+    if a.complex is not None and a.complex == b.complex:
+        return int(LinkLevel.PIX)
     return topology.weight(a.name, b.name)
 
 

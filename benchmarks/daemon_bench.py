@@ -38,12 +38,13 @@ import grpc
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "daemon"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # topo_testkit: test support, not in the wheel
 
 import yaml  # noqa: E402
 from daemon_testlib import hard_node_yaml  # noqa: E402
 
 from plugin.api import api_pb2, api_pb2_grpc  # noqa: E402
-from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
+from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 

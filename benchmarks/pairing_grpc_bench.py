@@ -1,9 +1,9 @@
-"""GPU–NIC pairing through the real daemon over gRPC: how often a GPU gets a PIX/PXB NIC, and what it costs.
+"""GPU–NIC pairing through the real daemon over gRPC: how often a GPU gets a close NIC, and what it costs.
 
 Printed tables, not pass/fail. For each simulated node, a real daemon process
 (`python -m plugin serve --simulate NODE`) serves the kubelet stand-in over
 real unix sockets, once with the pairing window at 1 s and once at 0 (off).
-The stand-in's device-manager walk (`plugin.demo.device_manager`) admits the
+The stand-in's device-manager walk (`topo_testkit.device_manager`) admits the
 same random pod sequence with churn in both runs: each pod one container
 asking g GPUs and g NICs (g = 1..4), its two resources in random order (Go map
 order), Topology Manager policy none, GetPreferredAllocation where the
@@ -11,8 +11,10 @@ kubelet has a choice, then Allocate; after each pod every running pod leaves
 with probability 1/4 (and more leave while the next pod does not fit).
 
 Reported per node and window:
-- the share of placed GPUs with a PIX/PXB NIC of their own in the container
-  (one NIC per GPU: the largest one-to-one matching of such pairs);
+- the share of placed GPUs with a close NIC of their own in the container
+  (one NIC per GPU: the largest one-to-one matching of such pairs; close is a
+  PIX/PXB path, or on Grace / ConnectX-8 nodes such as gb300-cx8-dd the NIC of
+  the GPU's complex);
 - every GetPreferredAllocation answer checked against the spec's brute force
   with the spec's partners from the call log (`topo_testkit.pairing_oracle`);
 - GetPreferredAllocation round trips over gRPC (ms, p50/p99) as the client
@@ -49,8 +51,8 @@ sys.path.insert(0, str(ROOT.parent / "tests" / "support"))
 from allocator.topology import DeviceKind  # noqa: E402
 from allocator_bench import pct, table  # noqa: E402
 from pairing_bench import churn  # noqa: E402
-from plugin.demo.device_manager import StandinDeviceManager, pod  # noqa: E402
-from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
+from topo_testkit.device_manager import StandinDeviceManager, pod  # noqa: E402
+from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
 from plugin.resources import ResourceOptions, build_resources  # noqa: E402
 from plugin.sources.simulated import load_simulated  # noqa: E402
 from topo_testkit import pythonpath_env  # noqa: E402
@@ -164,7 +166,7 @@ def check(dm: StandinDeviceManager, oracle, window_s: float, out: Run) -> list[d
 
 
 async def share_run(node: str, window_ms: float, pods: int, seed: int) -> Run:
-    """One daemon with the given window: the PIX/PXB share and the answers' optimality."""
+    """One daemon with the given window: the close-NIC share and the answers' optimality."""
     topology = load_simulated(node)
     resources = build_resources(topology, ResourceOptions(device_id_strategy="index"))
     gpu = next(r.name for r in resources if r.kind is DeviceKind.GPU)
@@ -218,7 +220,8 @@ async def main_async(nodes: list[str], pods: int, seed: int, parts: str = "share
 async def share_table(nodes: list[str], pods: int, seed: int) -> None:
     print(f"\n## 1. {pods} pods with churn per node, each one container asking g GPUs and g NICs (g = 1..4),"
           "\n##    resources in random order; a real daemon process over gRPC with the pairing window"
-          "\n##    at 1 s and at 0 (off): share of GPUs with a PIX/PXB NIC of their own in the container,"
+          "\n##    at 1 s and at 0 (off): share of GPUs with a close NIC of their own in the container"
+          "\n##    (PIX/PXB, or the NIC of the GPU's complex),"
           "\n##    and preferred answers that are the spec's optimum (with the spec's partners)")
     rows = []
     for node in nodes:
@@ -228,7 +231,7 @@ async def share_table(nodes: list[str], pods: int, seed: int) -> None:
                      f"{on.optimal}/{on.checked} ({on.with_partners} with partners)", f"{off.optimal}/{off.checked}"])
         for p in (on.problems + off.problems)[:5]:
             print("NOT OPTIMAL:", p)
-    print(table(["node", "GPUs placed", "PIX/PXB, window 1 s", "PIX/PXB, window 0",
+    print(table(["node", "GPUs placed", "close NIC, window 1 s", "close NIC, window 0",
                  "optimal answers, 1 s", "optimal answers, 0"], rows))
 
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from topo_testkit import pythonpath_env  # noqa: E402
 
-from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
+from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 GPUS = 8

@@ -35,7 +35,7 @@ from daemon_testlib import GPU, allocate_request, preferred_request  # noqa: E40
 from topo_testkit.procfs import footprint  # noqa: E402
 
 from plugin.api import api_pb2, api_pb2_grpc  # noqa: E402
-from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
+from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
 
 BATCHES = 10
 CLIENTS = 8

@@ -54,12 +54,31 @@ def closest_nics(topology: NodeTopology, gpu: Device) -> tuple[str, list[str]]:
     return pair_label(top), [n for n, w in weights.items() if w == top]
 
 
+def _complex(d: Device) -> str:
+    """`<id> (<kind>)`, or `-` for a device outside any complex."""
+    if d.complex is None:
+        return "-"
+    return f"{d.complex} ({d.complex_kind.value})" if d.complex_kind else d.complex
+
+
+def has_complexes(topology: NodeTopology) -> bool:
+    """Whether any GPU or NIC names a complex (only then do the views show complexes, so a node
+    without them prints exactly what it always did)."""
+    return any(d.complex is not None for d in topology.devices)
+
+
+def complex_pairs(topology: NodeTopology) -> list[tuple[Device, Device]]:
+    """(GPU, NIC) pairs of one complex, in device order: the pairs the platform defines."""
+    return [(g, n) for g in topology.gpus for n in topology.nics if g.complex is not None and g.complex == n.complex]
+
+
 def render_table(topology: NodeTopology, resources: list[Resource], description: str) -> str:
     migs = topology.of_kind(DeviceKind.MIG)
     out = [f"Node {topology.source} ({description}): {plural(len(topology.gpus), 'GPU')}, "
            + (f"{plural(len(migs), 'MIG device')}, " if migs else "")
            + f"{plural(len(topology.nics), 'NIC')}, "
            f"NUMA nodes {', '.join(map(str, topology.numa_nodes)) or 'unknown'}", ""]
+    complexes = has_complexes(topology)
     for r in resources:
         out.append(f"Resource {r.name}  policy={r.policy}  socket={r.socket_name}  devices={len(r.devices)}")
         if r.kind is DeviceKind.MIG:
@@ -70,6 +89,10 @@ def render_table(topology: NodeTopology, resources: list[Resource], description:
             rows = [[d.id, d.device.name, _numa(d.numa), d.health, d.device.model or "-",
                      d.device.pci_bus_id or "-"] for d in r.devices]
             header = ["ID", "DEVICE", "NUMA", "HEALTH", "MODEL", "PCI"]
+            if complexes:
+                header.append("COMPLEX")
+                for row, d in zip(rows, r.devices):
+                    row.append(_complex(d.device))
             if topology.nics:
                 header.append("CLOSEST NICS")
                 for row, d in zip(rows, r.devices):
@@ -80,8 +103,12 @@ def render_table(topology: NodeTopology, resources: list[Resource], description:
             rows = [[d.id, d.device.name, _numa(d.numa), d.health, d.device.port or "-",
                      d.device.attributes.get("netdev", "-"), d.device.attributes.get("driver", "-")]
                     for d in r.devices]
-            out += ["  " + line for line in _table(rows, ["ID", "DEVICE", "NUMA", "HEALTH", "PORT", "NETDEV",
-                                                          "DRIVER"])]
+            header = ["ID", "DEVICE", "NUMA", "HEALTH", "PORT", "NETDEV", "DRIVER"]
+            if complexes:
+                header.append("COMPLEX")
+                for row, d in zip(rows, r.devices):
+                    row.append(_complex(d.device))
+            out += ["  " + line for line in _table(rows, header)]
         out.append("")
     served = {rd.device.name for r in resources for rd in r.devices}
     unserved = [d.name for d in topology.nics if d.name not in served]
@@ -92,6 +119,11 @@ def render_table(topology: NodeTopology, resources: list[Resource], description:
         out += [f"Not served under this --mig-strategy: {', '.join(d.name for d in idle)}", ""]
     out.append("Links (X = self, NV# = bonded NVLinks, PIX/PXB/PHB/NODE/SYS = PCIe path):")
     out += link_matrix(topology)
+    if complexes:
+        out += ["", "GPU–NIC complexes (each pair counts as PIX for pairing, whatever its PCIe path):"]
+        out += ["  " + line for line in _table([[g.name, n.name, _complex(g), topology.link(g.name, n.name).label]
+                                                for g, n in complex_pairs(topology)],
+                                               ["GPU", "NIC", "COMPLEX", "PCIE PATH"])]
     return "\n".join(out) + "\n"
 
 
@@ -111,6 +143,10 @@ def to_data(topology: NodeTopology, resources: list[Resource]) -> dict[str, Any]
             {"name": d.name, "kind": d.kind.value, "index": d.index, "numa": d.numa, "health": d.health,
              "uuid": device_uuid(topology, d), "pciBusId": d.pci_bus_id, "model": d.model, "port": d.port,
              "parent": d.parent, "attributes": dict(d.attributes),
+             **({"complex": d.complex, "complexKind": d.complex_kind.value if d.complex_kind else None}
+                if d.complex is not None else {}),
+             **({"fabric": {"clusterUuid": d.fabric.cluster_uuid, "cliqueId": d.fabric.clique_id,
+                            "state": d.fabric.state, "clique": d.fabric.clique}} if d.fabric is not None else {}),
              **({"closestNics": dict(zip(("link", "nics"), closest_nics(topology, d)))}
                 if d.kind is DeviceKind.GPU and topology.nics else {})}
             for d in topology.devices
@@ -127,7 +163,8 @@ def to_data(topology: NodeTopology, resources: list[Resource]) -> dict[str, Any]
 
 
 def render_dot(topology: NodeTopology) -> str:
-    """Graphviz: one cluster per NUMA node, NVLink edges bold, PCIe edges only when closer than NODE."""
+    """Graphviz: one cluster per NUMA node, NVLink edges bold, PCIe edges only when closer than NODE,
+    GPU–NIC complex pairs green (they pair whatever the PCIe path says)."""
     lines = ["graph topology {", '  graph [rankdir=LR, fontname="Helvetica"];', '  node [fontname="Helvetica"];']
     groups: dict[int | None, list[str]] = {}
     for d in _linked(topology):
@@ -147,5 +184,7 @@ def render_dot(topology: NodeTopology) -> str:
             lines.append(f'  "{a}" -- "{b}" [label="{link.label}", penwidth={min(1 + link.nvlinks / 3, 6):.1f}];')
         elif link.level.name in ("PIX", "PXB", "PHB"):
             lines.append(f'  "{a}" -- "{b}" [label="{link.label}", style=dashed];')
+    for g, n in complex_pairs(topology):
+        lines.append(f'  "{g.name}" -- "{n.name}" [label="complex {g.complex}", style=bold, color=darkgreen];')
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -246,6 +246,10 @@ OPTIONS: tuple[Option, ...] = (
            kind="bool", default=True, target=D),
     Option("nic_link_health", "Mark a NIC Unhealthy while its link is down (polled every 2 s).", kind="bool",
            default=False, target=D),
+    Option("fabric_labels_file", "Keep the GPUs' NVLink fabric clique as the node label nvidia.com/gpu.clique="
+           "<cluster UUID>.<clique ID> in this Node Feature Discovery feature file (a file in NFD's features.d "
+           "directory, mounted into the container); rewritten when the clique changes, removed when there is "
+           "none (docs/platforms.md).", kind="path", commands=SERVE, metavar="FILE", default_text="off", target=D),
     Option("kubelet_root_dir", "The kubelet's --root-dir.", kind="path", default="/var/lib/kubelet", commands=SERVE,
            chart_managed=True, target=S),
     Option("device_plugin_path", "Where kubelet.sock is and our sockets go.", kind="path", commands=SERVE,

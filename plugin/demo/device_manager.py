@@ -17,14 +17,15 @@ make exactly the kubelet's calls, over real gRPC. Read in `manager.go`
   out of it.
 The model is synchronous, so each resource's step runs in a worker thread
 and its GetPreferredAllocation is sent from there on the event loop; the
-loop itself is never blocked.
+loop itself is never blocked. The demo walks one pod; the test kit's subclass
+(tests/support/topo_testkit/device_manager.py) adds the call log, pod
+release and the pod-resources view that tests and benchmarks need.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -48,25 +49,6 @@ def pod(uid: str, *containers: Mapping[str, int], init: Mapping[str, int] | None
     return Pod(uid, apps, (Container("init", dict(init)),) if init else (), name=uid)
 
 
-@dataclass(frozen=True)
-class Call:
-    """One RPC the walk made: GetPreferredAllocation (available, must_include, size -> answer) or Allocate."""
-
-    method: str
-    resource: str
-    pod: str
-    container: str
-    available: tuple[str, ...] = ()
-    must_include: tuple[str, ...] = ()
-    size: int = 0
-    #: The preferred answer, or the IDs of the Allocate.
-    ids: tuple[str, ...] = ()
-    #: Wall time of the RPC as the client saw it.
-    seconds: float = 0.0
-    #: When it was sent (time.monotonic).
-    t: float = 0.0
-
-
 @dataclass
 class StandinDeviceManager:
     """Admits pods on one node through `kubelet`'s plugin clients; keeps which devices are in use."""
@@ -77,16 +59,10 @@ class StandinDeviceManager:
     hint: Callable[[str, str], TopologyHint] = lambda pod, container: NO_AFFINITY
     #: Walk a container's resources in random order (the kubelet's); False: in the order of its limits.
     shuffle_resources: bool = True
-    calls: list[Call] = field(default_factory=list)
+    #: resource -> the devices admitted containers hold.
     in_use: dict[str, set[str]] = field(default_factory=dict)
     #: pod UID -> container -> resource -> devices.
     pods: dict[str, dict[str, dict[str, tuple[str, ...]]]] = field(default_factory=dict)
-    #: The admitted pods by UID (for the pod-resources view).
-    specs: dict[str, Pod] = field(default_factory=dict)
-
-    def free(self, resource: str) -> int:
-        healthy = [d for d in self.kubelet.devices(resource).values() if d.health == "Healthy"]
-        return len(healthy) - len(self.in_use.get(resource, ()))
 
     async def admit(self, spec: Pod) -> dict[str, dict[str, tuple[str, ...]]]:
         """Admit one pod (init containers first); returns container -> resource -> devices.
@@ -98,7 +74,6 @@ class StandinDeviceManager:
         reuse: dict[str, set[str]] = {}
         pod = spec.uid
         got_pod = self.pods.setdefault(pod, {})
-        self.specs[pod] = spec
         for c in spec.all_containers():
             got: dict[str, tuple[str, ...]] = {}
             got_pod[c.name] = got
@@ -132,13 +107,6 @@ class StandinDeviceManager:
                     reuse.setdefault(res, set()).difference_update(ids)
         return got_pod
 
-    def release(self, pod: str) -> None:
-        """The pod is gone: its devices are free again (the kubelet's GC of inactive pods)."""
-        for got in self.pods.pop(pod, {}).values():
-            for res, ids in got.items():
-                self.in_use.get(res, set()).difference_update(ids)
-        self.specs.pop(pod, None)
-
     def _order(self, ids) -> list[str]:
         """Go map order: random."""
         out = list(ids)
@@ -147,14 +115,9 @@ class StandinDeviceManager:
 
     async def _preferred(self, res: str, pod: str, container: str, available: list[str], must: list[str],
                          size: int) -> list[str]:
-        t, started = time.monotonic(), time.perf_counter()
-        ids = await self.kubelet.preferred(res, available, must, size)
-        self.calls.append(Call("GetPreferredAllocation", res, pod, container, tuple(available), tuple(must), size,
-                               tuple(ids), time.perf_counter() - started, t))
-        return ids
+        """GetPreferredAllocation for (pod, container); the test kit logs it."""
+        return await self.kubelet.preferred(res, available, must, size)
 
     async def _allocate(self, res: str, pod: str, container: str, ids: list[str]) -> None:
-        t, started = time.monotonic(), time.perf_counter()
+        """Allocate for (pod, container); the test kit logs it."""
         await self.kubelet.allocate(res, ids)
-        self.calls.append(Call("Allocate", res, pod, container, ids=tuple(ids),
-                               seconds=time.perf_counter() - started, t=t))

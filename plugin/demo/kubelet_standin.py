@@ -1,44 +1,41 @@
-"""A kubelet stand-in: the Registration service plus a device-manager client, as the kubelet behaves.
+"""A minimal kubelet for `topo-device-plugin demo`: the Registration service plus a device-manager client.
 
-Why ship it in the package: `demo` needs a kubelet to show registration on a
-laptop, and tests and benchmarks need one that behaves like the real
-device manager (shared/research/kubelet-device-manager.md §2):
+Why so little: the demo shows a new user, on a laptop, what the kubelet would
+see and get from the daemon; for that it needs what the kubelet's device
+manager does on the happy path (shared/research/kubelet-device-manager.md §2):
 - `Register` validates version and resource name, dials the plugin back
   (blocking, 10 s) and calls `GetDevicePluginOptions` before it returns;
 - it then holds one `ListAndWatch` stream per registration and keeps the
-  latest full device list (an omitted device is gone);
-- a newer registration of a resource replaces the older client, and when the
-  older stream ends it disconnects whatever client is current, as 1.28–1.34
-  do (kubernetes #121994), so a plugin that re-registers too early is caught;
-- `restart()` ends every stream, deletes every non-directory file in the
-  directory except the checkpoint, and creates `kubelet.sock` again;
-- a `Register` runs to its end even when the caller gives up on it (the Go
-  handler ignores the caller's cancellation), and `register_gate` can hold
-  every `Register` before it dials back, to play a slow kubelet.
-It is not the real kubelet; the Go harness in tests/kubelet/ drives that.
+  latest full device list (an omitted device is gone); when a stream ends its
+  devices turn Unhealthy;
+- `preferred` and `allocate` make the kubelet's two allocation calls.
+Everything tests and benchmarks need on top (kubelet restarts, a slow
+`Register`, stream counters, the 1.28–1.34 disconnect of a newer client) lives
+in the test kit's subclass, tests/support/topo_testkit/kubelet_standin.py,
+which is not shipped. It is not the real kubelet; the Go harness in
+tests/kubelet/ drives that.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
 
 from ..api import api_pb2, api_pb2_grpc
 
-log = logging.getLogger(__name__)
-
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-CHECKPOINT = "kubelet_internal_checkpoint"
 
 
 class _Refused(Exception):
+    """A Register the kubelet refuses: answered with this gRPC status and message."""
+
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
         self.code = code
@@ -82,18 +79,9 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
         self.socket_path = os.path.join(plugin_dir, "kubelet.sock")
         self.registrations: list[Registration] = []
         self.clients: dict[str, PluginClient] = {}
-        self.live_streams: dict[str, int] = {}
-        self.max_live_streams: dict[str, int] = {}
-        self.stream_ends: list[tuple[str, float]] = []
-        #: resources whose newer client was disconnected by an older stream ending (kubernetes #121994)
-        self.disconnected_newer: list[str] = []
+        #: Notified whenever a registration or a device list changes (`wait_for` waits on it).
         self.changed = asyncio.Condition()
-        #: When set to an unset Event, every Register waits for it before dialing back (a slow kubelet).
-        self.register_gate: asyncio.Event | None = None
-        self.register_calls = 0
-        self.registers_in_flight = 0
         self._server: grpc.aio.Server | None = None
-        self._handlers: set[asyncio.Task] = set()
 
     # -- life cycle -------------------------------------------------------
     async def start(self) -> None:
@@ -107,9 +95,6 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
         self._server = server
 
     async def stop(self) -> None:
-        # A dying kubelet answers nothing more: in-flight Register calls fail at once.
-        for t in list(self._handlers):
-            t.cancel()
         for c in list(self.clients.values()):
             await self._drop(c)
         self.clients.clear()
@@ -119,41 +104,17 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
 
-    async def restart(self, downtime: float = 0.0) -> None:
-        """What a kubelet restart looks like to a plugin."""
-        await self.stop()
-        for name in os.listdir(self.plugin_dir):
-            path = os.path.join(self.plugin_dir, name)
-            if name != CHECKPOINT and not os.path.isdir(path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        if downtime:
-            await asyncio.sleep(downtime)
-        await self.start()
-
     # -- Registration service -------------------------------------------
     async def Register(self, request, context):  # noqa: N802 (gRPC name)
-        # The work is a task of its own: a caller that gives up (deadline, cancel) does not stop it.
-        work = asyncio.get_running_loop().create_task(self._register(request))
-        self._handlers.add(work)
-        work.add_done_callback(self._handlers.discard)
         try:
-            await asyncio.shield(work)
+            await self._register(request)
         except _Refused as e:
             await context.abort(e.code, e.message)
         return api_pb2.Empty()
 
     async def _register(self, request) -> None:
-        self.register_calls += 1
-        self.registers_in_flight += 1
-        try:
-            await self._notify()
-            if self.register_gate is not None:
-                await self.register_gate.wait()
-            await self._do_register(request)
-        finally:
-            self.registers_in_flight -= 1
-            await self._notify()
+        """One Register call's work; a subclass wraps it (the test kit's gate and counters)."""
+        await self._do_register(request)
 
     async def _notify(self) -> None:
         async with self.changed:
@@ -181,34 +142,30 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
         client.stream_task = asyncio.get_running_loop().create_task(self._run_client(client))
 
     async def _run_client(self, client: PluginClient) -> None:
-        name = client.resource
-        self.live_streams[name] = self.live_streams.get(name, 0) + 1
-        self.max_live_streams[name] = max(self.max_live_streams.get(name, 0), self.live_streams[name])
         try:
             async for msg in client.stub.ListAndWatch(api_pb2.Empty()):
                 client.devices = {
                     d.ID: DeviceState(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in msg.devices
                 }
                 client.updates += 1
-                async with self.changed:
-                    self.changed.notify_all()
+                await self._notify()
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         finally:
-            self.live_streams[name] -= 1
-            self.stream_ends.append((name, time.monotonic()))
-            # As the real kubelet (1.28-1.34): look the client up by name only and disconnect it.
-            current = self.clients.get(name)
-            if current is not None and not client.stopped:
-                current.stopped = True
-                for d in current.devices.values():
-                    d.health = "Unhealthy"
-                if current is not client:
-                    self.disconnected_newer.append(name)
-                    if current.stream_task:
-                        current.stream_task.cancel()
-            async with self.changed:
-                self.changed.notify_all()
+            self._stream_ended(client)
+            await self._notify()
+
+    def _stream_ended(self, client: PluginClient) -> None:
+        """A plugin's ListAndWatch stream ended: the kubelet disconnects it and its devices turn Unhealthy."""
+        self._disconnect(client)
+
+    @staticmethod
+    def _disconnect(client: PluginClient) -> None:
+        if client.stopped:
+            return
+        client.stopped = True
+        for d in client.devices.values():
+            d.health = "Unhealthy"
 
     async def _drop(self, client: PluginClient) -> None:
         client.stopped = True
@@ -218,8 +175,8 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
                 await client.stream_task
         await client.channel.close()
 
-    # -- what tests and the demo ask --------------------------------------
-    async def wait_for(self, predicate, timeout: float = 10.0) -> None:
+    # -- what the demo (and the test kit) asks ----------------------------
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         async def _wait() -> None:
             async with self.changed:
                 await self.changed.wait_for(predicate)
@@ -229,9 +186,6 @@ class KubeletStandin(api_pb2_grpc.RegistrationServicer):
     def devices(self, resource: str) -> dict[str, DeviceState]:
         c = self.clients.get(resource)
         return dict(c.devices) if c else {}
-
-    def registrations_of(self, resource: str) -> list[Registration]:
-        return [r for r in self.registrations if r.resource == resource]
 
     def client(self, resource: str) -> PluginClient:
         c = self.clients.get(resource)

@@ -14,9 +14,14 @@ Attributes (resource.k8s.io/v1, Kubernetes 1.37):
   when the kernel gives no NUMA node, as that package requires);
 - ours, in the driver's domain (unqualified names belong to it): `type`
   (`gpu`/`nic`), `index`, `uuid`, `model`, `minor`, `pcieSwitch` (devices
-  pairwise `PIX`), `nvlinkDomain` (NVLink connected component); for NICs
+  pairwise `PIX`), `nvlinkDomain` (NVLink connected component), `complex`
+  (the GPU–NIC complex of a GPU or NIC on Grace/ConnectX-8 platforms: a GPU
+  and a NIC with one value pair as `PIX` whatever their PCIe path); for NICs
   `netdev`, `rdma`, `pf` (the physical function/port it belongs to), `vf`,
   `vfIndex`, `linkType`, `driver`. GPU memory is the capacity `memory`.
+  GPUs in a completed NVLink fabric (GB200/GB300 NVL72) also carry `clique`
+  (string `<cluster UUID>.<clique ID>`, the value of GPU Feature Discovery's
+  `nvidia.com/gpu.clique` label), so a claim can keep its GPUs in one domain.
 
 Unhealthy devices: with `unhealthy="taint"` (default) they stay in the slice
 with a `NoSchedule` taint `<driver>/unhealthy` (device taints are GA in 1.37),
@@ -166,6 +171,9 @@ def _gpu_attributes(topology: NodeTopology, d: Device) -> tuple[dict[str, Any], 
         attrs["model"] = _s(d.model)
     if d.minor is not None:
         attrs["minor"] = {"int": d.minor}
+    if d.fabric is not None and d.fabric.state == "completed":
+        # The NVLink domain (multi-node NVLink): a claim can ask for GPUs of one clique.
+        attrs["clique"] = _s(d.fabric.clique)
     capacity = {"memory": {"value": f"{d.memory_mib}Mi"}} if d.memory_mib else {}
     return attrs, capacity
 
@@ -194,6 +202,14 @@ def _nic_attributes(d: Device) -> dict[str, Any]:
     return attrs
 
 
+def complex_value(complex_id: str) -> str:
+    """The `complex` attribute: the complex ID itself, or `complex-<hash>` when it is longer than a
+    DRA string attribute may be (a GPU and a NIC of one complex get the same value either way)."""
+    if len(complex_id) <= MAX_VALUE_LENGTH:
+        return complex_id
+    return "complex-" + hashlib.sha256(complex_id.encode()).hexdigest()[:16]
+
+
 def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[str, Any]]:
     """The `spec.devices` entries for every included device, GPUs first, in index order."""
     switches = membership(pcie_switch_groups(topology), "pix")
@@ -219,6 +235,8 @@ def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[st
             attrs["pcieSwitch"] = _s(switches[d.name])
         if d.name in nvlink:
             attrs["nvlinkDomain"] = _s(nvlink[d.name])
+        if d.complex is not None:
+            attrs["complex"] = _s(complex_value(d.complex))
         attrs.update(_standard_attributes(d, roots.get(d.name)))
         entry: dict[str, Any] = {"name": name, "attributes": dict(sorted(attrs.items()))}
         if capacity:

@@ -8,6 +8,23 @@ the sysfs PCIe tree (`pcie.pcie_level`), the same rule NVML uses for GPU
 pairs. The NUMA nodes and their distances come from
 `devices/system/node/node*/distance`.
 
+GPU–NIC complexes (Grace, ConnectX-8 Data Direct, ConnectX-8 inline
+switches) come from `complexes.classify_complexes` on the same sysfs tree and
+land on `Device.complex`/`complex_kind`; what cannot be classified is warned
+about once per device and pairs by PCIe path.
+
+Grace NUMA: on Grace systems the GPUs' memory shows up as extra NUMA nodes
+with no CPUs (`devices/system/node/node<N>/cpulist` empty). The kubelet's
+Topology Manager aligns with CPU nodes, so a device's NUMA node is the one its
+PCI function reports (`numa_node`, the CPU socket on Grace); should that ever
+name a CPU-less node, the nearest node with CPUs (by `distance`) stands in
+(`cpu_numa_map`), so a GPU-memory node never becomes a TopologyInfo.
+
+With `fabric_labels_file` set, the GPUs' NVLink fabric clique is kept in a
+Node Feature Discovery feature file (`plugin.fabric_labels`): after every
+discovery and rescan, and a GPU health change asks for a rescan so a fabric
+that changed state is seen.
+
 `watch()` runs two things until cancelled and merges them:
 - the GPU health monitor (`NvmlGpuSource.watch_health`): health changes are
   applied to the topology being served and published at once;
@@ -25,16 +42,20 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from allocator.topology import HEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
 
 from .base import Publish
+from .complexes import classify_complexes
 from .errors import TopologyError
 from .pcie import pci_path, pcie_level
 from .sysfs_nics import NicInventory, discover_nics, link_states
 from .udev_hotplug import SUBSYSTEMS, HotplugWatcher, MonitorFactory, UdevMonitor
+
+if TYPE_CHECKING:
+    from ..fabric_labels import FabricLabelFile
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +86,8 @@ class HardwareOptions:
     #: With udev working, also rescan this often (None: only on events).
     periodic_rescan_s: float | None = None
     monitor_factory: MonitorFactory = field(default=UdevMonitor, compare=False)
+    #: Keep the GPUs' NVLink clique label in this NFD feature file (None: off).
+    fabric_labels_file: str | None = None
 
 
 def read_numa(sysfs_root: str) -> tuple[list[int], dict[tuple[int, int], int]]:
@@ -86,6 +109,43 @@ def read_numa(sysfs_root: str) -> tuple[list[int], dict[tuple[int, int], int]]:
             for m, d in zip(nodes, row):
                 distances[(n, m)] = d
     return nodes, distances
+
+
+def _cpulist_empty(base: str, n: int) -> bool | None:
+    try:
+        with open(os.path.join(base, f"node{n}", "cpulist"), encoding="ascii") as f:
+            return not f.read().strip()
+    except OSError:
+        return None
+
+
+def cpu_numa_map(sysfs_root: str) -> dict[int, int | None]:
+    """NUMA nodes without CPUs (Grace GPU memory) -> the nearest node with CPUs (None: none known).
+
+    Only nodes whose `cpulist` exists and is empty are mapped; a tree without
+    `cpulist` files maps nothing.
+    """
+    base = os.path.join(sysfs_root, "devices", "system", "node")
+    nodes, distances = read_numa(sysfs_root)
+    empty = {n for n in nodes if _cpulist_empty(base, n)}
+    with_cpus = [n for n in nodes if n not in empty]
+    out: dict[int, int | None] = {}
+    for n in sorted(empty):
+        near = sorted(with_cpus, key=lambda m: (distances.get((n, m), 1 << 30), m))
+        out[n] = near[0] if near and (n, near[0]) in distances else None
+    return out
+
+
+def _cpu_numa(devices: Sequence[Device], mapping: Mapping[int, int | None]) -> tuple[list[Device], list[str]]:
+    """Devices with a CPU node for a CPU-less one, and a line for each device so moved."""
+    out, notes = [], []
+    for d in devices:
+        if d.numa is not None and d.numa in mapping:
+            notes.append(f"{d.name} reports NUMA node {d.numa}, which has no CPUs; using the nearest CPU "
+                         f"node, {mapping[d.numa]}")
+            d = replace(d, numa=mapping[d.numa])
+        out.append(d)
+    return out, notes
 
 
 def pcie_links(sysfs_root: str, gpus: Sequence[Device], nics: Sequence[Device]) -> dict[tuple[str, str], Link]:
@@ -162,6 +222,12 @@ class HardwareSource:
         self._base: NodeTopology | None = None
         self._gpu_health: dict[str, str] = {}
         self.watcher: HotplugWatcher | None = None
+        self._warned: set[str] = set()
+        self.labels: FabricLabelFile | None = None
+        if o.fabric_labels_file:
+            from ..fabric_labels import FabricLabelFile  # noqa: PLC0415
+
+            self.labels = FabricLabelFile(o.fabric_labels_file)
 
     @property
     def gpu_init_error(self) -> Exception | None:
@@ -183,7 +249,14 @@ class HardwareSource:
             self.nic_inventory = discover_nics(o.sysfs_root, o.dev_root, o.proc_root,
                                                link_health=o.nic_link_health, previous=previous)
             nics = self.nic_inventory.devices
-        links.update(pcie_links(o.sysfs_root, [g for g in gpus if g.kind is DeviceKind.GPU], nics))
+        numa_map = cpu_numa_map(o.sysfs_root)
+        if numa_map:
+            (gpus, on_gpus), (nics, on_nics) = _cpu_numa(gpus, numa_map), _cpu_numa(nics, numa_map)
+            for note in on_gpus + on_nics:
+                self._warn_once("device NUMA node", note)
+        whole = [g for g in gpus if g.kind is DeviceKind.GPU]
+        links.update(pcie_links(o.sysfs_root, whole, nics))
+        gpus, nics = self._with_complexes(gpus, nics)
         nodes, distances = read_numa(o.sysfs_root)
         try:
             return NodeTopology.build([*gpus, *nics], links, source=self.node_name,
@@ -191,8 +264,33 @@ class HardwareSource:
         except ValueError as e:
             raise TopologyError(self.description, f"discovered devices do not form a topology: {e}") from None
 
+    def _warn_once(self, what: str, detail: str) -> None:
+        """A hardware fact that stays wrong is said once, not at every rescan."""
+        if detail not in self._warned:
+            self._warned.add(detail)
+            log.warning("%s: %s", what, detail)
+
+    def _with_complexes(self, gpus: list[Device], nics: Sequence[Device]) -> tuple[list[Device], list[Device]]:
+        """GPUs and NICs with their complex set; each new warning is logged once."""
+        report = classify_complexes(self.options.sysfs_root, [g for g in gpus if g.kind is DeviceKind.GPU], nics)
+        for w in report.warnings:
+            self._warn_once("GPU-NIC complex not recognised", w)
+
+        def put(d: Device) -> Device:
+            if d.name in report.members:
+                cid, kind = report.members[d.name]
+                return replace(d, complex=cid, complex_kind=kind)
+            return d
+
+        return [put(g) for g in gpus], [put(n) for n in nics]
+
+    def _update_labels(self, topology: NodeTopology) -> None:
+        if self.labels is not None:
+            self.labels.update(topology.gpus)
+
     def load(self) -> NodeTopology:
         topology = self.discover()
+        self._update_labels(topology)
         self._base = topology
         self._gpu_health = {}
         log.info("discovered %d GPUs and %d NICs (%d network functions not offered)",
@@ -223,6 +321,7 @@ class HardwareSource:
         def on_rescan(base: NodeTopology) -> None:
             old_gpus = self._base.gpus if self._base is not None else ()
             self._base = base
+            self._update_labels(base)
             if [g.uuid for g in old_gpus] != [g.uuid for g in base.gpus]:
                 self._restart_health()
             emit(self._with_health(base))
@@ -236,6 +335,8 @@ class HardwareSource:
                     self._gpu_health[name] = h
             if self._base is not None:
                 emit(self._with_health(self._base))
+            if self.labels is not None and self.watcher is not None:
+                self.watcher.kick("GPU health changed: re-read the NVLink fabric state")
 
         self._on_health = on_health
         self.watcher = HotplugWatcher(
@@ -296,6 +397,7 @@ def hardware_source_from_options(
     periodic_rescan_s: float | None = None,
     debounce_s: float = 0.5,
     monitor_factory: Callable[..., Any] | None = None,
+    fabric_labels_file: str | None = None,
 ) -> HardwareSource:
     """The one call the daemon/CLI needs: a `HardwareSource` from `serve`/`discover` options."""
     kw: dict[str, Any] = {}
@@ -305,5 +407,6 @@ def hardware_source_from_options(
         sysfs_root=sysfs_root, dev_root=dev_root, proc_root=proc_root, fail_on_init_error=fail_on_init_error,
         nvml=nvml, gpus=gpus, nics=nics, node_name=node_name, gpu_health=gpu_health,
         nic_link_health=nic_link_health, link_poll_s=link_poll_s, hotplug=hotplug,
-        rescan_interval_s=rescan_interval_s, periodic_rescan_s=periodic_rescan_s, debounce_s=debounce_s, **kw,
+        rescan_interval_s=rescan_interval_s, periodic_rescan_s=periodic_rescan_s, debounce_s=debounce_s,
+        fabric_labels_file=fabric_labels_file, **kw,
     ))

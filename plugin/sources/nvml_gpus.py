@@ -25,6 +25,13 @@ hot-plug), never inside an RPC:
   SYSTEM -> SYS); where NVML cannot say, from the sysfs PCIe tree
   (`pcie.pcie_level`).
 
+NVLink fabric (multi-node NVLink, GB200/GB300 NVL72): `nvmlDeviceGetGpuFabricInfoV`
+(or the older `nvmlDeviceGetGpuFabricInfo`) per GPU gives the cluster UUID and
+clique ID once the fabric manager has finished (`state` COMPLETED, `status`
+SUCCESS); that becomes `Device.fabric`. A driver without the call, a GPU
+without a fabric (NOT_SUPPORTED) or a fabric not yet set up leaves it None
+with a debug log: most GPUs have no fabric, which is no fault.
+
 NUMA node: `<sysfs_root>/bus/pci/devices/<bdf>/numa_node` with the NVML bus
 id in the kernel's form (`00000000:3B:00.0` -> `0000:3b:00.0`); -1 or
 unreadable -> None (no TopologyInfo), as NVIDIA's plugin does.
@@ -36,14 +43,16 @@ runs against the test double `topo_testkit.fake_nvml.FakeNvml` (tests/support) i
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import uuid as uuidlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-from allocator.topology import HEALTHY, UNHEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
+from allocator.topology import HEALTHY, UNHEALTHY, Device, FabricInfo, DeviceKind, Link, LinkLevel, NodeTopology
 
 from ..health import GpuHealthOptions, watch_gpu_health
 from .base import Publish
@@ -60,6 +69,7 @@ __all__ = [
     "discover_gpus",
     "import_nvml",
     "nvml_level",
+    "read_fabric",
 ]
 
 SOURCE = "nvml"
@@ -247,6 +257,38 @@ def _read_gpu(nvml: Any, index: int, sysfs_root: str) -> _Gpu | None:
     return _Gpu(index, handle, uuid, bdf, device)
 
 
+#: NVML's fabric states in words (`FabricInfo.state`).
+_FABRIC_STATES = {0: "not-supported", 1: "not-started", 2: "in-progress", 3: "completed"}
+#: The fabric calls, newest first, each with the structure pynvml fills.
+_FABRIC_CALLS = (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                 ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"))
+
+
+def read_fabric(nvml: Any, handle: Any, name: str) -> FabricInfo | None:
+    """The GPU's NVLink fabric clique, or None (debug log) where there is none to report."""
+    missing = getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+    for fn_name, struct_name in _FABRIC_CALLS:
+        fn, struct = getattr(nvml, fn_name, None), getattr(nvml, struct_name, None)
+        if fn is None or struct is None:
+            continue
+        info = struct()
+        try:
+            fn(handle, ctypes.byref(info))
+        except nvml.NVMLError as e:
+            if _err_code(nvml, e) == missing:
+                continue  # this driver's NVML lacks the call: try the older one
+            log.debug("no NVLink fabric info", extra={"gpu": name, "reason": str(e)})
+            return None
+        state = _FABRIC_STATES.get(int(info.state), str(int(info.state)))
+        if state != "completed" or int(info.status) != getattr(nvml, "NVML_SUCCESS", 0):
+            log.debug("NVLink fabric not ready", extra={"gpu": name, "state": state, "status": int(info.status)})
+            return None
+        cluster = str(uuidlib.UUID(bytes=bytes(bytearray(info.clusterUuid))))
+        return FabricInfo(cluster_uuid=cluster, clique_id=int(info.cliqueId), state=state)
+    log.debug("NVML has no fabric info call", extra={"gpu": name})
+    return None
+
+
 def _pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
 
@@ -262,6 +304,9 @@ def _discover_initialised(nvml: Any, sysfs_root: str, proc_root: str) -> tuple[l
     for g in gpus:
         g.device, children = discover_migs(nvml, g.handle, g.device, caps, calls)
         migs += children
+    for g in gpus:
+        if g.device.health == HEALTHY:
+            g.device = replace(g.device, fabric=read_fabric(nvml, g.handle, g.device.name))
     reader = _LinkReader(nvml, sysfs_root, {g.bdf for g in gpus})
     links_of = {g.device.name: reader.read(g.handle) for g in gpus}
 

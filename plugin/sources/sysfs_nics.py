@@ -9,6 +9,9 @@ Allocate format users already rely on:
 
 - PCI class 0x02 (network; 0x0207 is InfiniBand) is a NIC.
 - A function without a bound driver is skipped (it cannot be used yet).
+- A ConnectX-8 Data Direct DMA function (15b3:2100) is never offered: it is
+  no network port, only the path its PF's traffic takes to a GPU
+  (`complexes` ties it to that PF).
 - An SR-IOV PF with VFs (`sriov_numvfs > 0`) is not offered; its VFs are.
 - A NIC whose netdev carries the host's default route (IPv4, and IPv6 too,
   read from `<proc-root>/net/route` and `ipv6_route`; through bonds, VLANs
@@ -399,6 +402,8 @@ def _scan_functions(roots: NicRoots) -> dict[str, _Raw]:
 
 def _skip_reason(raw: _Raw, uplinks: set[str]) -> str | None:
     """Why a function is not offered (None: it is)."""
+    if (raw.vendor, raw.device) == ("15b3", "2100"):
+        return "ConnectX-8 Data Direct DMA function (not a port; it serves its PF's complex)"
     if raw.driver is None:
         return "no driver bound"
     if raw.totalvfs is not None and (raw.numvfs or 0) > 0:

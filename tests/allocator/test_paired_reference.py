@@ -1,7 +1,8 @@
 """Objectives with partners against the brute-force oracle of the spec (hypothesis).
 
 Nodes: every shared `nvidia-smi topo -m` topology with NICs (loaded with the
-project's simulated-node loader), the built-in nodes, and generated nodes
+project's simulated-node loader), the built-in nodes (gb200-cx7 and gb300-cx8-dd with
+GPU–NIC complexes among them), and generated nodes
 (GPUs and NICs under PCIe switches, several NUMA nodes, some devices without
 NUMA, VFs sharing ports). Requests: random available set (at most 12 devices,
 so the oracle can enumerate), k = 1 ... min(8, |A|), random must-include,
@@ -39,7 +40,8 @@ from pairing_testlib import (
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 NODES_WITH_NICS = [str(p) for p in shared_topologies()] + ["dgx-h100", "dgx-a100", "dgx-1-v100",
-                                                            "pcie-2socket-4gpu-2nic"]
+                                                            "pcie-2socket-4gpu-2nic", "hgx-b200", "gb200-cx7",
+                                                            "gb300-cx8-dd"]
 
 
 def _resources(t: NodeTopology) -> tuple[Resource, Resource, PairingIndex]:

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from plugin.cli import cli
 from plugin.config import parse_config
 from plugin.daemon import Daemon, DaemonOptions
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.kubelet_standin import KubeletStandin
 from plugin.gpu_allocate import GpuAllocateOptions
 from plugin.resources import ResourceOptions
 from plugin.sources.simulated import builtin_text

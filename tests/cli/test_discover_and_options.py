@@ -53,6 +53,37 @@ def test_discover_shows_each_gpus_closest_nics():
 
 
 
+def test_discover_shows_complexes_where_the_platform_defines_them():
+    """gb300-cx8-dd: the PCIe matrix says NODE, the complex column and table say which NIC is whose, the
+    closest NIC is the complex's (it pairs as PIX), JSON carries the fields and dot draws the pairs."""
+    r = run("discover", "--simulate", "gb300-cx8-dd", "--device-id-strategy", "index")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    gpu0 = next(line for line in lines if line.split()[:2] == ["0", "GPU0"])
+    assert "MT2452XZ0A01 (data-direct)" in gpu0 and gpu0.endswith("mlx5_1 (PIX)")
+    nic1 = next(line for line in lines if line.split()[:2] == ["mlx5_1", "mlx5_1"])
+    assert nic1.endswith("MT2452XZ0A01 (data-direct)")
+    assert next(line for line in lines if line.startswith("GPU0 ")).split()[5:7] == ["NODE", "NODE"]
+    table = lines[lines.index(next(line for line in lines if line.startswith("GPU–NIC complexes"))) + 2:]
+    assert [row.split()[:2] + row.split()[-1:] for row in table] == [
+        ["GPU0", "mlx5_1", "NODE"], ["GPU1", "mlx5_0", "NODE"], ["GPU2", "mlx5_3", "NODE"], ["GPU3", "mlx5_2", "NODE"]]
+    data = json.loads(run("discover", "--simulate", "gb300-cx8-dd", "--format", "json").output)
+    by_name = {d["name"]: d for d in data["devices"]}
+    assert (by_name["mlx5_0"]["complex"], by_name["mlx5_0"]["complexKind"]) == ("MT2452XZ0A02", "data-direct")
+    assert by_name["GPU1"]["complex"] == "MT2452XZ0A02" and by_name["GPU1"]["fabric"]["cliqueId"] == 7
+    assert by_name["GPU1"]["fabric"]["clique"] == by_name["GPU2"]["fabric"]["clique"]
+    dot = run("discover", "--simulate", "gb300-cx8-dd", "--format", "dot").output
+    assert '"GPU0" -- "mlx5_1" [label="complex MT2452XZ0A01"' in dot and '"GPU0" -- "mlx5_0"' not in dot
+
+
+def test_nodes_without_complexes_show_no_complex_column_or_field():
+    r = run("discover", "--simulate", "hgx-b200")
+    assert r.exit_code == 0 and "COMPLEX" not in r.output and "complexes" not in r.output
+    data = json.loads(run("discover", "--simulate", "dgx-h100", "--format", "json").output)
+    assert all("complex" not in d and "fabric" not in d for d in data["devices"])
+    assert "complex" not in run("discover", "--simulate", "dgx-h100", "--format", "dot").output
+
+
 def test_discover_on_a_node_without_nics_has_no_closest_nics(tmp_path):
     node = tmp_path / "gpus.yaml"
     node.write_text("apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\nmetadata: {name: two}\n"

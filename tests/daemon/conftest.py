@@ -14,7 +14,7 @@ import pytest
 
 from topo_testkit import pythonpath_env
 
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.kubelet_standin import KubeletStandin
 
 ROOT = __import__('pathlib').Path(__file__).resolve().parents[2]
 # --import-mode=importlib keeps test directories off sys.path; the helper module lives here.

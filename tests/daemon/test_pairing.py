@@ -3,7 +3,7 @@
 The daemon runs in this process (so its pairing clock can be driven by hand)
 and serves a simulated DGX H100 (each GPU has one NIC on its PCIe switch,
 `PIX`) on real unix sockets; the kubelet stand-in's device-manager walk
-(`plugin.demo.device_manager`) makes the kubelet's calls: per container its
+(`topo_testkit.device_manager`) makes the kubelet's calls: per container its
 resources one after another, GetPreferredAllocation only where the kubelet
 has a choice, then Allocate, init-container devices reused. Every preferred
 answer is checked against the spec read literally (`topo_testkit.pairing_oracle`:
@@ -29,8 +29,8 @@ from topo_testkit.pod_resources_standin import PodResourcesStandin
 
 from plugin.api import api_pb2_grpc
 from plugin.daemon import Daemon, DaemonOptions
-from plugin.demo.device_manager import StandinDeviceManager, pod
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.device_manager import StandinDeviceManager, pod
+from topo_testkit.kubelet_standin import KubeletStandin
 from plugin.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 from plugin.sources.simulated.source import SimulatedSource

@@ -9,7 +9,8 @@ import tempfile
 
 import grpc
 
-from plugin.demo.kubelet_standin import KubeletStandin, _Refused
+from plugin.demo.kubelet_standin import _Refused
+from topo_testkit.kubelet_standin import KubeletStandin
 
 GPU = "nvidia.com/gpu"
 NIC = "topo.dev/nic"

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from daemon_testlib import GPU, NIC, until
 
 from plugin.daemon import Daemon, DaemonOptions
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.kubelet_standin import KubeletStandin
 from plugin.registration import socket_identity
 from plugin.resources import ResourceOptions
 from plugin.sources.simulated.source import SimulatedSource

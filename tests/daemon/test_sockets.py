@@ -14,7 +14,7 @@ from daemon_testlib import GPU, NIC, until
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.kubelet_standin import KubeletStandin
 
 GPU_SOCKET = "topo-nvidia.com-gpu.sock"
 

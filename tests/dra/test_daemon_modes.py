@@ -25,7 +25,7 @@ from topo_testkit import pythonpath_env
 
 from apiserver_standin import write_kubeconfig
 from plugin.cli import cli
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.kubelet_standin import KubeletStandin
 
 NODE = "node-a"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

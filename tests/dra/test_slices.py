@@ -213,3 +213,34 @@ def test_a_pix_relation_that_is_not_transitive_is_split_into_cliques():
     devs = by_topology_name(t)
     assert attr(devs["a"], "pcieSwitch") == attr(devs["b"], "pcieSwitch") is not None
     assert attr(devs["c"], "pcieSwitch") is None
+
+
+# ---- GPU–NIC complexes (Grace, ConnectX-8 Data Direct) ------------------------------------------
+
+@pytest.mark.parametrize("source", ["gb200-cx7", "gb300-cx8-dd"])
+def test_a_gpu_and_a_nic_share_a_complex_value_exactly_when_the_platform_pairs_them(source):
+    """`matchAttribute: topo.dev/complex` over a GPU request and a NIC request can only be met by a
+    pair of one complex; the PCIe switch cannot say it on these trays (no GPU has a PIX NIC)."""
+    t = load_simulated(source)
+    devs = by_topology_name(t)
+    for g in t.gpus:
+        assert attr(devs[g.name], "pcieSwitch") is None
+        matching = [n.name for n in t.nics if attr(devs[n.name], "complex") == attr(devs[g.name], "complex")]
+        assert matching == [n.name for n in t.nics if n.complex == g.complex] and len(matching) == 1, g.name
+    values = [attr(devs[d.name], "complex") for d in t.gpus]
+    assert len(set(values)) == len(values) and all(isinstance(v, str) and 0 < len(v) <= 64 for v in values)
+
+
+def test_devices_outside_any_complex_have_no_complex_attribute():
+    for source in ("dgx-h100", "hgx-b200"):
+        assert all("complex" not in d["attributes"] for d in devices_of(load_simulated(source)).values()), source
+
+
+def test_a_long_complex_id_is_shortened_alike_on_both_devices():
+    long_id = "data-direct/" + "0000:3a:00.1-" * 6
+    devs = [Device("GPU0", DeviceKind.GPU, 0, 0, complex=long_id), Device("nic0", DeviceKind.NIC, 0, 0,
+                                                                         port="nic0", complex=long_id)]
+    t = NodeTopology.build(devs, [], source="long")
+    got = by_topology_name(t)
+    a, b = attr(got["GPU0"], "complex"), attr(got["nic0"], "complex")
+    assert a == b and len(a) <= 64 and a != long_id

@@ -19,7 +19,7 @@ import yaml
 from plugin.daemon import Daemon, DaemonOptions
 from plugin.gpu_allocate import GpuAllocateOptions
 from plugin.health import GpuHealthOptions
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.kubelet_standin import KubeletStandin
 from plugin.nic_pools import parse_pools
 from plugin.resources import ResourceOptions
 from plugin.sources.hardware import hardware_source_from_options

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 from topo_testkit.pod_resources_standin import PodResourcesStandin
 
-from plugin.demo.device_manager import StandinDeviceManager, pod
+from topo_testkit.device_manager import StandinDeviceManager, pod
 from plugin.pairing_service import PairingService
 from plugin.pod_resources import PodResourcesReader
 from plugin.resources import ResourceOptions, build_resources

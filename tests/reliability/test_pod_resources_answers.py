@@ -23,8 +23,8 @@ from daemon_testlib import GPU, NIC
 from topo_testkit.pod_resources_standin import PodResourcesStandin
 
 from plugin.daemon import Daemon, DaemonOptions
-from plugin.demo.device_manager import StandinDeviceManager
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.device_manager import StandinDeviceManager
+from topo_testkit.kubelet_standin import KubeletStandin
 from plugin.pod_resources import MAX_ANSWER_BYTES
 from plugin.resources import ResourceOptions
 from plugin.sources.simulated.source import SimulatedSource

@@ -33,7 +33,7 @@ from plugin.api import api_pb2
 from plugin.config.sharing import MAX_REPLICAS, TimeSlicing, SharedResource
 import plugin.daemon as daemon_module
 from plugin.daemon import Daemon, DaemonOptions
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.kubelet_standin import KubeletStandin
 from plugin.resources import ResourceOptions
 from plugin.sources.simulated import builtin_text
 from plugin.sources.simulated.source import SimulatedSource

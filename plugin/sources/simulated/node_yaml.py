@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from allocator.topology import HEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
+from allocator.topology import HEALTHY, ComplexKind, Device, DeviceKind, FabricInfo, Link, LinkLevel, NodeTopology
 
 from ... import yaml_input
 from ...yamlpath import field_path, line_of
@@ -127,6 +127,7 @@ def _build(data: Mapping[str, Any], root: yaml.Node | None, source: str) -> Node
         for r, a in enumerate(order):
             for c, b in enumerate(order):
                 distances[(a, b)] = matrix[r][c]
+    _check_complexes(data, devices, err)
     for i, d in enumerate(devices):
         if nodes is not None and d.numa is not None and d.numa not in nodes:
             raise err(["numa", "nodes"], f"device {d.name} is on NUMA node {d.numa}, which is not listed",
@@ -143,10 +144,49 @@ def _apply(dev: Device, spec: Mapping[str, Any]) -> Device:
         changes["numa"] = spec["numa"]
     changes["health"] = spec.get("health", dev.health or HEALTHY)
     for key, attr in (("model", "model"), ("memoryMiB", "memory_mib"), ("uuid", "uuid"),
-                      ("pciBusId", "pci_bus_id"), ("minor", "minor"), ("port", "port")):
+                      ("pciBusId", "pci_bus_id"), ("minor", "minor"), ("port", "port"), ("complex", "complex")):
         if key in spec:
             changes[attr] = spec[key]
+    if "complexKind" in spec:
+        changes["complex_kind"] = ComplexKind(spec["complexKind"])
+    if "fabric" in spec:
+        f = spec["fabric"]
+        changes["fabric"] = FabricInfo(cluster_uuid=f["clusterUuid"].lower(), clique_id=f["cliqueId"],
+                                       state=f.get("state", "completed"))
     return replace(dev, **changes)
+
+
+def _check_complexes(data: Mapping[str, Any], devices: list[Device], err: Any) -> None:
+    """A complex is a GPU and a NIC the platform ties together: each device that names one says
+    how (`complexKind`), all its members say the same, and it holds at least one GPU and one NIC.
+
+    Why strict: a complex turns a pair into `PIX` whatever its PCIe path, so a typo in an ID
+    would silently pair a GPU with nothing (or with the wrong NIC)."""
+    where: dict[str, list[Any]] = {}
+    for kind, key in ((DeviceKind.GPU, "gpus"), (DeviceKind.NIC, "nics")):
+        for i, spec in enumerate(data.get(key) or []):
+            has_id, has_kind = "complex" in spec, "complexKind" in spec
+            if has_id != has_kind:
+                present, missing = ("complex", "complexKind") if has_id else ("complexKind", "complex")
+                raise err([key, i, present], f"`complex` and `complexKind` go together; this device has no `{missing}`",
+                          fix=f"add `{missing}` (kinds: inline, data-direct, cpu-root) or remove `{present}`")
+            if has_id:
+                where.setdefault(spec["complex"], []).append([key, i])
+    by_name = {d.name: d for d in devices}
+    members: dict[str, list[Device]] = {}
+    for d in devices:
+        if d.complex is not None and d.kind is not DeviceKind.MIG:
+            members.setdefault(d.complex, []).append(d)
+    for cid, devs in members.items():
+        kinds = sorted({d.complex_kind.value for d in devs if d.complex_kind is not None})
+        if len(kinds) > 1:
+            raise err([*where[cid][-1], "complexKind"],
+                      f"complex {cid!r} is given kinds {', '.join(kinds)}",
+                      fix=f"give every device of complex {cid!r} the same complexKind")
+        for want, word in ((DeviceKind.GPU, "GPU"), (DeviceKind.NIC, "NIC")):
+            if not any(by_name[d.name].kind is want for d in devs):
+                raise err([*where[cid][0], "complex"], f"complex {cid!r} has no {word}",
+                          fix=f"give the {word} of this complex `complex: {cid}` too, or check the ID for a typo")
 
 
 def _mig_devices(gpu: Device, specs: list[Mapping[str, Any]], node: str, err: Any,

@@ -10,7 +10,10 @@ subprocesses and benchmarks put `tests/support` on PYTHONPATH (`SUPPORT_DIR`).
 - `with_fake_nvml`: run the real CLI with the fake NVML as its `pynvml`;
 - `nvidia_configs`: NVIDIA device plugin config files, verbatim, for the compatibility tests;
 - `tm_cases`: the Topology Manager model's JSON case evaluators for the
-  differential test against the real kubelet.
+  differential test against the real kubelet;
+- `kubelet_standin`, `device_manager`: the demo's kubelet stand-in and
+  admission walk (plugin/demo/) with the test hooks on top (kubelet restarts,
+  a held `Register`, stream counters, the call log, pod release).
 """
 
 from __future__ import annotations

@@ -33,6 +33,14 @@ from the profile indexes, as on real hardware), memory sizes, and
 (`driver/nvidia/capabilities/.../access`, `driver/nvidia-caps/mig-minors`,
 `devices`) and device nodes (`nvidia-caps/nvidia-cap<N>`) discovery reads.
 
+NVLink fabric (GB200/GB300): a GPU whose Device carries `fabric` (`FabricInfo`)
+answers `nvmlDeviceGetGpuFabricInfoV` / `nvmlDeviceGetGpuFabricInfo` by filling
+pynvml's own structure (cluster UUID bytes, status, clique ID, state); a GPU
+without one answers NOT_SUPPORTED, as NVML does on GPUs with no fabric.
+`set_fabric(gpu, fabric)` changes the answer (the fabric manager finishing, a
+GPU moved to another partition). Drivers before the calls existed:
+`missing_functions={"nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"}`.
+
 Failure and event injection for tests: `init_error`, `lose(gpu)` /
 `restore(gpu)`, `down_links`, `remote_device_type` ("ok", "function-not-found",
 "absent"), `common_ancestor=False`, `inject_xid`, `inject_double_bit_ecc`,
@@ -62,7 +70,7 @@ from typing import Any
 
 import pynvml
 
-from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
+from allocator.topology import Device, DeviceKind, FabricInfo, LinkLevel, NodeTopology
 
 from plugin.sources.nvml_mig import CI_PROFILES, GI_PROFILES, cap_minors
 from plugin.sources.pcie import normalize_bdf
@@ -221,6 +229,7 @@ class _FakeGpu:
     mig_mode: bool = False
     #: slot -> MIG device
     migs: dict[int, FakeMig] = field(default_factory=dict)
+    fabric: FabricInfo | None = None
 
 
 @dataclass(eq=False)
@@ -298,7 +307,7 @@ class FakeNvml:
                 device=d, handle=FakeHandle(pos),
                 uuid=d.uuid or "GPU-" + str(uuidlib.uuid5(_UUID_NS, f"{topology.source}/{d.name}")),
                 bdf=bdf, minor=d.minor if d.minor is not None else pos,
-                model=d.model or "NVIDIA Fake GPU", memory_mib=d.memory_mib or 81920,
+                model=d.model or "NVIDIA Fake GPU", memory_mib=d.memory_mib or 81920, fabric=d.fabric,
             ))
         self.by_name = {g.device.name: g for g in self.gpus}
         self._wire_migs(topology)
@@ -455,6 +464,10 @@ class FakeNvml:
 
     def restore(self, gpu: str | int) -> None:
         self._gpu(gpu).lost = False
+
+    def set_fabric(self, gpu: str | int, fabric: FabricInfo | None) -> None:
+        """What the fabric calls answer for this GPU from now on (None: NOT_SUPPORTED)."""
+        self._gpu(gpu).fabric = fabric
 
     def inject_event(self, gpu: str | int | None, event_type: int, data: int = 0) -> int:
         """Deliver an event to every event set the GPU is registered in for that type; returns how many.
@@ -653,6 +666,34 @@ class FakeNvml:
         if self.remote_device_type == "function-not-found":
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         return self._active(handle, link)[1]
+
+    # pynvml's structures for the fabric calls (the caller allocates one and passes it by reference).
+    c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
+    c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
+
+    def _fill_fabric(self, name: str, handle: Any, out: Any) -> int:
+        self._count(name)
+        g = self._h(handle)
+        if g.fabric is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = getattr(out, "_obj", out)  # ctypes.byref(struct) -> the struct
+        states = {"not-supported": pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
+                  "not-started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
+                  "in-progress": pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+                  "completed": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED}
+        raw = uuidlib.UUID(g.fabric.cluster_uuid).bytes
+        for i, byte in enumerate(raw):
+            info.clusterUuid[i] = byte
+        info.status = pynvml.NVML_SUCCESS
+        info.cliqueId = g.fabric.clique_id
+        info.state = states[g.fabric.state]
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, out: Any) -> int:
+        return self._fill_fabric("nvmlDeviceGetGpuFabricInfoV", handle, out)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, out: Any) -> int:
+        return self._fill_fabric("nvmlDeviceGetGpuFabricInfo", handle, out)
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a: Any, b: Any) -> int:
         self._count("nvmlDeviceGetTopologyCommonAncestor")

@@ -99,7 +99,13 @@ class Oracle:
         return self.topology.weight(a.name, b.name)
 
     def _pair_w(self, a: Device, b: Device) -> int:
-        return self._w(a, b) if {a.kind, b.kind} == {DeviceKind.GPU, DeviceKind.NIC} else 0
+        """The spec's pairing weight, read literally: GPU–NIC pairs only; a GPU and a NIC of one complex
+        count as PIX (50) whatever their PCIe path ("GPU–NIC complexes"); any other pair its link weight."""
+        if {a.kind, b.kind} != {DeviceKind.GPU, DeviceKind.NIC}:
+            return 0
+        if a.complex is not None and a.complex == b.complex:
+            return 50
+        return self._w(a, b)
 
     def criteria(self, resource: str, available: Iterable[str], chosen: Iterable[str],
                  partners: Mapping[str, Sequence[str]]) -> tuple[int, ...]:
@@ -156,8 +162,10 @@ class Oracle:
         return None
 
     def close_pairs(self, gpus: Sequence[Device], nics: Sequence[Device]) -> int:
-        """GPUs with a PIX/PXB NIC of their own among `nics` (the largest one-to-one matching of such pairs)."""
-        close = [[1 if self.topology.link(g.name, n.name).label in ("PIX", "PXB") else 0 for n in nics]
+        """GPUs with a close NIC of their own among `nics` (the largest one-to-one matching of such pairs):
+        PIX/PXB, or the NIC of the GPU's complex (which the platform defines as its pair)."""
+        close = [[1 if (g.complex is not None and g.complex == n.complex)
+                  or self.topology.link(g.name, n.name).label in ("PIX", "PXB") else 0 for n in nics]
                  for g in gpus]
         return _matching_weight(close) if gpus and nics else 0
 

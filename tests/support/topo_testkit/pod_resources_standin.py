@@ -16,7 +16,7 @@ import os
 import grpc
 
 from plugin.api.podresources.v1 import api_pb2, api_pb2_grpc
-from plugin.demo.device_manager import StandinDeviceManager
+from topo_testkit.device_manager import StandinDeviceManager
 
 
 class PodResourcesStandin(api_pb2_grpc.PodResourcesListerServicer):

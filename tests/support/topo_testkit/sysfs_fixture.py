@@ -38,7 +38,7 @@ from typing import Union
 
 import yaml
 
-from allocator.topology import HEALTHY, Device, DeviceKind, Link, LinkLevel, NodeTopology
+from allocator.topology import HEALTHY, ComplexKind, Device, DeviceKind, FabricInfo, Link, LinkLevel, NodeTopology
 
 _UUID_NS = uuid.UUID("0b6f7d1e-3c2a-4f59-a1e8-5d4c3b2a1908")
 
@@ -49,6 +49,22 @@ class Gpu:
     model: str = "NVIDIA A100 80GB PCIe"
     device_id: str = "20b5"
     memory_mib: int = 81920
+    #: What the platform defines (the expected answer, declared by the test author): complex ID and kind.
+    complex: str | None = None
+    complex_kind: ComplexKind | None = None
+    #: NVLink fabric membership the fake NVML reports for this GPU.
+    fabric: FabricInfo | None = None
+    #: Write this in the GPU's `numa_node` instead of its socket's (a GPU-memory node, to test the guard).
+    sysfs_numa: int | None = None
+
+
+@dataclass(frozen=True)
+class DmaFunction:
+    """A ConnectX-8 Data Direct DMA function (15b3:2100); its VPD names its board by serial."""
+
+    serial: str | None = None
+    #: Raw VPD bytes instead of the generated ones (malformed VPD tests); b"" writes no file.
+    vpd: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,13 @@ class NicCard:
     driver: str = "mlx5_core"
     #: Driver of VFs that do not name one (mlx5 VFs use mlx5_core; Intel's use iavf).
     vf_driver: str = "mlx5_core"
+    #: Board serial written into each PF's VPD (None: no `vpd` file).
+    serial: str | None = None
+    #: Raw VPD bytes instead of the generated ones (malformed VPD tests).
+    vpd: bytes | None = None
+    #: The expected complex of every offered function of this card.
+    complex: str | None = None
+    complex_kind: ComplexKind | None = None
 
 
 @dataclass(frozen=True)
@@ -91,9 +114,12 @@ class Switch:
     """A PCIe switch: an upstream port and one downstream port per child."""
 
     children: tuple[Child, ...]
+    #: PCI IDs of its ports (a ConnectX-8's integrated switch: 15b3:197c; Broadcom PEX: 1000:c030).
+    vendor: str = "8086"
+    device: str = "2030"
 
 
-Child = Union[Gpu, NicCard, Switch]
+Child = Union[Gpu, NicCard, Switch, DmaFunction]
 
 
 @dataclass(frozen=True)
@@ -102,6 +128,10 @@ class HostBridge:
 
     children: tuple[Child, ...]
     bus: int | None = None
+    #: PCI domain (segment) of this root complex; Grace gives every root port its own.
+    domain: int = 0
+    #: PCI IDs of its root ports (Grace: 10de:22b1).
+    root_port: tuple[str, str] = ("8086", "2030")
 
 
 @dataclass(frozen=True)
@@ -130,6 +160,10 @@ class NodeSpec:
     #: NUMA distance between different sockets (10 on the diagonal).
     numa_distance: int = 21
     bonds: tuple[Bond, ...] = ()
+    #: NUMA nodes without CPUs holding GPU memory (Grace): (node, the socket's NUMA node it belongs to).
+    gpu_memory_nodes: tuple[tuple[int, int], ...] = ()
+    #: CPUs per socket, for `cpulist` (memory-only nodes get an empty one).
+    cpus_per_socket: int = 72
 
 
 def default_node() -> NodeSpec:
@@ -168,6 +202,123 @@ def default_node() -> NodeSpec:
     )
 
 
+# -- the platforms people buy now (docs/platforms.md) ---------------------------
+GRACE_RP = ("10de", "22b1")
+CX_SWITCH = ("15b3", "197c")
+BROADCOM_SWITCH = ("1000", "c030")
+#: The NVLink domain every GB200/GB300 GPU below reports (one rack, one clique).
+NVL72_FABRIC = FabricInfo("8a3e5c71-2d4f-4b96-a0e8-5f7c1b9d2e43", 7)
+
+
+def _ib_port(name: str) -> Port:
+    return Port(name, total_vfs=0, link_type="infiniband", rdma=True)
+
+
+def gb200_cx7_node(fabric: FabricInfo | None = NVL72_FABRIC) -> NodeSpec:
+    """A GB200 NVL72 compute tray: 2 Grace sockets, 4 GPUs and 4 ConnectX-7 NICs, every one on a Grace
+    root port of its own (its own PCI domain), plus a BlueField-3 that is no GPU's NIC.
+
+    Complexes (cpu-root): within a NUMA node the i-th GPU and the i-th ConnectX in PCI address
+    order. GPU memory shows up as NUMA nodes 2/10 (socket 0) and 18/26 (socket 1), with no CPUs.
+    """
+    def gpu(cid: str) -> Gpu:
+        return Gpu(model="NVIDIA GB200", device_id="2941", memory_mib=189471, complex=cid,
+                   complex_kind=ComplexKind.CPU_ROOT, fabric=fabric)
+
+    def cx7(netdev: str, cid: str | None) -> NicCard:
+        return NicCard(ports=(_ib_port(netdev),), device="1021", vf_device="101e",
+                       complex=cid, complex_kind=ComplexKind.CPU_ROOT if cid else None)
+
+    def on_root(domain: int, child: Child) -> HostBridge:
+        return HostBridge((child,), domain=domain, root_port=GRACE_RP)
+
+    bf3 = NicCard(ports=(Port("enP6p3s0f0np0", total_vfs=0),), device="a2dc", vf_device="101e")
+    return NodeSpec(
+        name="gen-gb200-cx7",
+        sockets=(
+            Socket(0, (on_root(0x0001, cx7("ibp1s0", "numa0-0")), on_root(0x0002, cx7("ibp2s0", "numa0-1")),
+                       on_root(0x0006, bf3), on_root(0x0008, gpu("numa0-0")), on_root(0x0009, gpu("numa0-1")))),
+            Socket(1, (on_root(0x0010, cx7("ibp16s0", "numa1-0")), on_root(0x0012, cx7("ibp18s0", "numa1-1")),
+                       on_root(0x0018, gpu("numa1-0")), on_root(0x0019, gpu("numa1-1")))),
+        ),
+        nvswitch_links=18, numa_distance=40,
+        gpu_memory_nodes=((2, 0), (10, 0), (18, 1), (26, 1)),
+    )
+
+
+def gb300_cx8_dd_node(dma_vpd: dict[int, bytes] | None = None, no_dma: frozenset[int] = frozenset(),
+                      pf_vpd: dict[int, bytes] | None = None,
+                      fabric: FabricInfo | None = NVL72_FABRIC) -> NodeSpec:
+    """A GB300 NVL72 compute tray with ConnectX-8 Data Direct: each GPU sits below a ConnectX
+    switch (15b3:197c) next to its NIC's DMA function (15b3:2100); the NIC's PF is on a Grace root
+    port of its own. Only the board serial in the VPD ties a DMA function to its PF, and the PFs'
+    physical order is crossed against the GPUs' on purpose (GPU0's board is the second NIC).
+
+    Faults for the degradation tests: `dma_vpd[i]` / `pf_vpd[i]` replace GPU i's DMA function's /
+    NIC's VPD bytes, `no_dma` leaves GPU i's DMA function out. A GPU so broken gets no complex.
+    """
+    dma_vpd, pf_vpd = dma_vpd or {}, pf_vpd or {}
+    serial = [f"MT2452XZ0A0{i + 1}" for i in range(4)]
+
+    def fine(i: int) -> bool:
+        return i not in dma_vpd and i not in no_dma and i not in pf_vpd
+
+    def gpu_complex(i: int) -> Gpu:
+        ok = fine(i)
+        dma = () if i in no_dma else (DmaFunction(serial[i], vpd=dma_vpd.get(i)),)
+        gpu = Gpu(model="NVIDIA GB300", device_id="31c2", memory_mib=274658, fabric=fabric,
+                  complex=serial[i] if ok else None, complex_kind=ComplexKind.DATA_DIRECT if ok else None)
+        return Switch((*dma, Switch((gpu,), *CX_SWITCH)), *CX_SWITCH)
+
+    def nic(i: int, netdev: str) -> NicCard:
+        ok = fine(i)
+        return NicCard(ports=(_ib_port(netdev),), device="1023", vf_device="101e", serial=serial[i],
+                       vpd=pf_vpd.get(i), complex=serial[i] if ok else None,
+                       complex_kind=ComplexKind.DATA_DIRECT if ok else None)
+
+    def on_root(domain: int, child: Child) -> HostBridge:
+        return HostBridge((child,), domain=domain, root_port=GRACE_RP)
+
+    return NodeSpec(
+        name="gen-gb300-cx8-dd",
+        sockets=(
+            Socket(0, (on_root(0x0002, nic(1, "ibp2s0")), on_root(0x0003, nic(0, "ibp3s0")),
+                       on_root(0x0008, gpu_complex(0)), on_root(0x0009, gpu_complex(1)))),
+            Socket(1, (on_root(0x0012, nic(3, "ibp18s0")), on_root(0x0013, nic(2, "ibp19s0")),
+                       on_root(0x0018, gpu_complex(2)), on_root(0x0019, gpu_complex(3)))),
+        ),
+        nvswitch_links=18, numa_distance=40,
+        gpu_memory_nodes=((2, 0), (10, 0), (18, 1), (26, 1)),
+    )
+
+
+def hgx_b200_node() -> NodeSpec:
+    """HGX B200 (switch-based): 8 GPUs and 8 ConnectX-7 on four Broadcom PCIe switches, two GPUs and
+    two NICs per switch; the PCIe path alone pairs them (PIX), and no complex is defined."""
+    def switch(k: int) -> HostBridge:
+        cards = tuple(NicCard(ports=(_ib_port(f"ibp{k}s{j}"),), device="1021", vf_device="101e") for j in (0, 1))
+        gpus = (Gpu(model="NVIDIA B200", device_id="2901", memory_mib=183359),) * 2
+        return HostBridge((Switch(gpus + cards, *BROADCOM_SWITCH),), bus=0x10 + 0x20 * k)
+
+    return NodeSpec(name="gen-hgx-b200", sockets=(Socket(0, (switch(0), switch(1))), Socket(1, (switch(2), switch(3)))),
+                    nvswitch_links=18)
+
+
+def cx8_inline_node() -> NodeSpec:
+    """ConnectX-8 inline: each GPU hangs off the PCIe switch inside a ConnectX-8 (15b3:197c) that also
+    holds the NIC's PF (an x86 host, HGX B300 style). Complex: the switch's GPU and NIC (ID: board serial)."""
+    def tray(k: int) -> HostBridge:
+        serial = f"MT2501XZ0B0{k}"
+        gpu = Gpu(model="NVIDIA B300", device_id="3182", memory_mib=274658, complex=serial,
+                  complex_kind=ComplexKind.INLINE)
+        card = NicCard(ports=(_ib_port(f"ibp{k}s0"),), device="1023", vf_device="101e", serial=serial,
+                       complex=serial, complex_kind=ComplexKind.INLINE)
+        return HostBridge((Switch((Switch((gpu,), *CX_SWITCH), card), *CX_SWITCH),), bus=0x10 + 0x20 * k)
+
+    return NodeSpec(name="gen-cx8-inline", sockets=(Socket(0, (tray(0), tray(1))), Socket(1, (tray(2), tray(3)))),
+                    nvswitch_links=18)
+
+
 # -- placement ---------------------------------------------------------------
 @dataclass
 class Function:
@@ -176,7 +327,7 @@ class Function:
     bdf: str
     #: Path components below `devices/`, ending with the BDF.
     path: tuple[str, ...]
-    role: str  # bridge | gpu | pf | vf
+    role: str  # bridge | gpu | pf | vf | dma
     numa: int | None
     vendor: str
     device: str
@@ -204,6 +355,10 @@ class Function:
     default_route: bool = False
     netdev_parent: str | None = None
     iommu_group: int | None = None
+    #: Bytes of the function's `vpd` file (None: no file).
+    vpd: bytes | None = None
+    #: The card a NIC function belongs to (its expected complex).
+    nic: NicCard | None = None
 
 
 class _Placer:
@@ -211,6 +366,8 @@ class _Placer:
         self.spec = spec
         self.functions: list[Function] = []
         self.next_bus = 0x01
+        self.domain = 0
+        self.domain_bus: dict[int, int] = {}
         self.gpus = 0
         self.rdma = 0
         self.uverbs = 0
@@ -219,41 +376,63 @@ class _Placer:
         self.cards = 0
 
     def bus(self) -> int:
-        b = self.next_bus
+        if self.domain:
+            b = self.domain_bus.get(self.domain, 0x01)
+            self.domain_bus[self.domain] = b + 1
+        else:
+            b = self.next_bus
+            self.next_bus += 1
         if b > 0xFF:
             raise ValueError("node needs more than 256 PCI buses")
-        self.next_bus += 1
         return b
 
     def place(self) -> list[Function]:
         for si, sock in enumerate(self.spec.sockets):
             for hb in sock.host_bridges:
-                bus = max(hb.bus or 0, self.next_bus)
-                self.next_bus = bus + 1
-                root = f"pci0000:{bus:02x}"
+                self.domain = hb.domain
+                if hb.domain:  # a segment of its own (Grace): root bus 00, buses counted per domain
+                    bus = 0x00
+                    self.domain_bus.setdefault(hb.domain, 0x01)
+                else:
+                    bus = max(hb.bus or 0, self.next_bus)
+                    self.next_bus = bus + 1
+                d = f"{hb.domain:04x}"
+                root = f"pci{d}:{bus:02x}"
                 for ci, child in enumerate(hb.children):
-                    rp = f"0000:{bus:02x}:{ci + 1:02x}.0"
-                    self._bridge(rp, (root, rp), sock.numa, si, root, rp)
+                    rp = f"{d}:{bus:02x}:{ci + 1:02x}.0" if not hb.domain else f"{d}:{bus:02x}:{ci:02x}.0"
+                    self._bridge(rp, (root, rp), sock.numa, si, root, rp, ids=hb.root_port)
                     self._child(child, (root, rp), self.bus(), sock.numa, si, root, rp, parent=rp)
         return self.functions
 
-    def _bridge(self, bdf: str, path: tuple[str, ...], numa, si, root, rp) -> None:
-        self.functions.append(Function(bdf, path, "bridge", numa, "8086", "2030", 0x060400, "pcieport",
+    def _bdf(self, bus: int, dev: int = 0, fn: int = 0) -> str:
+        return f"{self.domain:04x}:{bus:02x}:{dev:02x}.{fn}"
+
+    def _bridge(self, bdf: str, path: tuple[str, ...], numa, si, root, rp,
+                ids: tuple[str, str] = ("8086", "2030")) -> None:
+        self.functions.append(Function(bdf, path, "bridge", numa, ids[0], ids[1], 0x060400, "pcieport",
                                        socket=si, host_bridge=root, root_port=rp))
 
     def _child(self, child: Child, path, bus: int, numa, si, root, rp, parent: str) -> None:
         if isinstance(child, Switch):
             self.switches += 1
             sw = f"switch{self.switches}"
-            up = f"0000:{bus:02x}:00.0"
-            self._bridge(up, path + (up,), numa, si, root, rp)
+            up = self._bdf(bus)
+            ids = (child.vendor, child.device)
+            self._bridge(up, path + (up,), numa, si, root, rp, ids=ids)
             inner = self.bus()
             for k, c in enumerate(child.children):
-                down = f"0000:{inner:02x}:{k:02x}.0"
-                self._bridge(down, path + (up, down), numa, si, root, rp)
+                down = self._bdf(inner, k)
+                self._bridge(down, path + (up, down), numa, si, root, rp, ids=ids)
                 self._child(c, path + (up, down), self.bus(), numa, si, root, rp, parent=sw)
+        elif isinstance(child, DmaFunction):
+            bdf = self._bdf(bus)
+            self.functions.append(Function(
+                bdf, path + (bdf,), "dma", numa, "15b3", "2100", 0x020000, "mlx5_core",
+                socket=si, host_bridge=root, root_port=rp, parent=parent, card=bdf,
+                vpd=child.vpd if child.vpd is not None else (make_vpd(child.serial) if child.serial else None),
+            ))
         elif isinstance(child, Gpu):
-            bdf = f"0000:{bus:02x}:00.0"
+            bdf = self._bdf(bus)
             self.functions.append(Function(
                 bdf, path + (bdf,), "gpu", numa, "10de", child.device_id, 0x030200, "nvidia",
                 socket=si, host_bridge=root, root_port=rp, parent=parent, card=bdf,
@@ -265,7 +444,7 @@ class _Placer:
             card = f"card{self.cards}"
             slot = len(child.ports)
             for p, port in enumerate(child.ports):
-                pf_bdf = f"0000:{bus:02x}:00.{p}"
+                pf_bdf = self._bdf(bus, 0, p)
                 cls = 0x020700 if port.link_type == "infiniband" else 0x020000
                 pf = Function(
                     pf_bdf, path + (pf_bdf,), "pf", numa, child.vendor, child.device, cls, child.driver,
@@ -273,6 +452,8 @@ class _Placer:
                     netdev=port.netdev, operstate=port.operstate, link_type=port.link_type,
                     total_vfs=port.total_vfs if (port.total_vfs or port.vfs) else 0,
                     default_route=port.default_route, netdev_parent=port.netdev_parent,
+                    vpd=child.vpd if child.vpd is not None else (make_vpd(child.serial) if child.serial else None),
+                    nic=child,
                 )
                 if port.rdma:
                     self._rdma(pf)
@@ -280,13 +461,13 @@ class _Placer:
                 for v, vf in enumerate(port.vfs):
                     fn = slot
                     slot += 1
-                    vf_bdf = f"0000:{bus:02x}:{fn // 8:02x}.{fn % 8}"
+                    vf_bdf = self._bdf(bus, fn // 8, fn % 8)
                     driver = vf.driver or child.vf_driver
                     f = Function(
                         vf_bdf, path + (vf_bdf,), "vf", numa, child.vendor, child.vf_device, cls, driver,
                         socket=si, host_bridge=root, root_port=rp, parent=parent, card=card,
                         netdev=None if driver == "vfio-pci" else f"{port.netdev}v{v}",
-                        operstate=port.operstate, link_type=port.link_type, pf=pf_bdf, vf_index=v,
+                        operstate=port.operstate, link_type=port.link_type, pf=pf_bdf, vf_index=v, nic=child,
                     )
                     if vf.rdma and driver != "vfio-pci":
                         self._rdma(f)
@@ -396,7 +577,11 @@ def write_node(spec: NodeSpec, root: str, clean: bool = True) -> GeneratedNode:
         _write(os.path.join(real, "vendor"), f"0x{f.vendor}\n")
         _write(os.path.join(real, "device"), f"0x{f.device}\n")
         _write(os.path.join(real, "class"), f"0x{f.cls:06x}\n")
-        _write(os.path.join(real, "numa_node"), f"{-1 if f.numa is None else f.numa}\n")
+        sysfs_numa = f.gpu.sysfs_numa if f.gpu is not None and f.gpu.sysfs_numa is not None else f.numa
+        _write(os.path.join(real, "numa_node"), f"{-1 if sysfs_numa is None else sysfs_numa}\n")
+        if f.vpd:
+            with open(os.path.join(real, "vpd"), "wb") as vf:
+                vf.write(f.vpd)
         _symlink(real, os.path.join(sysfs, "bus", "pci", "devices", f.bdf))
         if f.driver:
             drv = os.path.join(sysfs, "bus", "pci", "drivers", f.driver)
@@ -461,13 +646,19 @@ def write_node(spec: NodeSpec, root: str, clean: bool = True) -> GeneratedNode:
         routes.append(f"{others[0]}\t0000A8C0\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0")
     _write(os.path.join(proc, "net", "route"), "\n".join(routes) + "\n")
 
-    # NUMA nodes and their distances.
-    numas = sorted({s.numa for s in spec.sockets if s.numa is not None})
+    # NUMA nodes (CPU sockets, then Grace's GPU-memory nodes with no CPUs) and their distances.
+    numas, dist = numa_layout(spec)
+    cpu_nodes = sorted({s.numa for s in spec.sockets if s.numa is not None})
     for n in numas:
-        row = " ".join("10" if m == n else str(spec.numa_distance) for m in numas)
-        _write(os.path.join(sysfs, "devices", "system", "node", f"node{n}", "distance"), row + "\n")
-    _write(os.path.join(sysfs, "devices", "system", "node", "online"),
-           (f"{numas[0]}-{numas[-1]}" if len(numas) > 1 else (str(numas[0]) if numas else "")) + "\n")
+        row = " ".join(str(dist[(n, m)]) for m in numas)
+        node_dir = os.path.join(sysfs, "devices", "system", "node", f"node{n}")
+        _write(os.path.join(node_dir, "distance"), row + "\n")
+        if n in cpu_nodes:
+            first = cpu_nodes.index(n) * spec.cpus_per_socket
+            _write(os.path.join(node_dir, "cpulist"), f"{first}-{first + spec.cpus_per_socket - 1}\n")
+        else:
+            _write(os.path.join(node_dir, "cpulist"), "\n")
+    _write(os.path.join(sysfs, "devices", "system", "node", "online"), ",".join(map(str, numas)) + "\n")
 
     # Device nodes every GPU/RDMA/vfio user needs.
     if any(f.role == "gpu" for f in functions):
@@ -480,6 +671,44 @@ def write_node(spec: NodeSpec, root: str, clean: bool = True) -> GeneratedNode:
     os.makedirs(dev, exist_ok=True)
 
     return GeneratedNode(spec, root, sysfs, dev, proc, tuple(functions), expected_topology(spec, functions))
+
+
+# -- VPD and NUMA layout ------------------------------------------------------
+def make_vpd(serial: str | None, name: str = "NVIDIA ConnectX-8 SuperNIC", part: str = "900-9X81Q-00CN-ST0",
+             checksum_ok: bool = True) -> bytes:
+    """A `vpd` file as a ConnectX card has it: identifier string, read-only keywords (PN, SN when
+    given, RV checksum), end tag. `checksum_ok=False` writes a wrong RV byte."""
+    def kw(key: str, value: bytes) -> bytes:
+        return key.encode("ascii") + bytes([len(value)]) + value
+
+    ident = name.encode("ascii")
+    out = bytes([0x82]) + len(ident).to_bytes(2, "little") + ident
+    body = kw("PN", part.encode("ascii")) + (kw("SN", serial.encode("ascii")) if serial else b"")
+    body += b"RV" + bytes([1])  # the checksum byte follows
+    ro_len = len(body) + 1
+    head = out + bytes([0x90]) + ro_len.to_bytes(2, "little") + body
+    check = (-sum(head)) % 256
+    if not checksum_ok:
+        check = (check + 1) % 256
+    return head + bytes([check]) + bytes([0x78])
+
+
+def numa_layout(spec: NodeSpec) -> tuple[list[int], dict[tuple[int, int], int]]:
+    """NUMA nodes (sockets and GPU-memory nodes) and distances: a memory node is 80 from its socket."""
+    cpu = sorted({s.numa for s in spec.sockets if s.numa is not None})
+    owner = dict(spec.gpu_memory_nodes)
+    numas = sorted(set(cpu) | set(owner))
+    dist: dict[tuple[int, int], int] = {}
+    for a in numas:
+        for b in numas:
+            if a == b:
+                dist[(a, b)] = 10
+            elif a in owner or b in owner:
+                mem, other = (a, b) if a in owner else (b, a)
+                dist[(a, b)] = 80 if owner[mem] == other else 120
+            else:
+                dist[(a, b)] = spec.numa_distance
+    return numas, dist
 
 
 # -- the expected answer -------------------------------------------------------
@@ -538,6 +767,7 @@ def expected_topology(spec: NodeSpec, functions: list[Function]) -> NodeTopology
             name=name, kind=DeviceKind.GPU, index=f.gpu_index or 0, numa=f.numa, health=HEALTHY,
             uuid=gpu_uuid(spec, f.gpu_index or 0), pci_bus_id=f.bdf, model=f.gpu.model,
             minor=f.gpu_index, memory_mib=f.gpu.memory_mib,
+            complex=f.gpu.complex, complex_kind=f.gpu.complex_kind, fabric=f.gpu.fabric,
         ))
         placed[name] = f
     for i, f in enumerate(nics):
@@ -545,6 +775,7 @@ def expected_topology(spec: NodeSpec, functions: list[Function]) -> NodeTopology
             name=f.bdf, kind=DeviceKind.NIC, index=i, numa=f.numa, health=HEALTHY, pci_bus_id=f.bdf,
             model=KNOWN_MODELS.get((f.vendor, f.device), f"{f.vendor}:{f.device}"),
             port=f.pf or f.bdf, attributes=_nic_attributes(f, by_bdf),
+            complex=f.nic.complex if f.nic else None, complex_kind=f.nic.complex_kind if f.nic else None,
         ))
         placed[f.bdf] = f
     nv: dict[tuple[int, int], int] = {}
@@ -565,8 +796,7 @@ def expected_topology(spec: NodeSpec, functions: list[Function]) -> NodeTopology
                 ia, ib = sorted((fa.gpu_index or 0, fb.gpu_index or 0))
                 n = nv.get((ia, ib), 0)
             links[(a, b)] = Link(nvlinks=n, level=level)
-    numas = sorted({s.numa for s in spec.sockets if s.numa is not None})
-    dist = {(a, b): (10 if a == b else spec.numa_distance) for a in numas for b in numas}
+    numas, dist = numa_layout(spec)
     return NodeTopology.build(devices, links, source=spec.name, numa_nodes=numas, numa_distances=dist)
 
 
