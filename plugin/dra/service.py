@@ -13,7 +13,6 @@ fails only for a malformed request (INVALID_ARGUMENT naming the problem).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from types import ModuleType
@@ -49,21 +48,25 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
 
         async def NodePrepareResources(self, request, context):  # noqa: N802 (gRPC names)
             refs = await self._claims(request, context)
-            results = await asyncio.gather(*(self._prepare(r) for r in refs))
+            try:
+                results = await self.preparer.prepare_many(refs)  # batched; stops when the kubelet has gone
+            except Exception as e:  # noqa: BLE001 (a request must never take the driver down)
+                log.exception("prepare failed unexpectedly", extra={"claims": len(refs)})
+                results = {r.uid: e for r in refs}
             resp = pb2.NodePrepareResourcesResponse()
-            for ref, entry in zip(refs, results):
-                resp.claims[ref.uid].CopyFrom(entry)
+            for ref in refs:
+                resp.claims[ref.uid].CopyFrom(self._prepared(ref, results[ref.uid]))
             return resp
 
-        async def _prepare(self, ref: ClaimRef):
-            try:
-                prepared = await self.preparer.prepare(ref)
-            except PrepareError as e:
+        def _prepared(self, ref: ClaimRef, prepared):
+            if isinstance(prepared, PrepareError):
+                e = prepared
                 log.warning("prepare failed", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
                                                      "reason": str(e), "api": version})
                 return pb2.NodePrepareResourceResponse(error=str(e))
-            except Exception as e:  # noqa: BLE001 (a request must never take the driver down)
-                log.exception("prepare failed unexpectedly", extra={"uid": ref.uid})
+            if isinstance(prepared, Exception):
+                e = prepared
+                log.error("prepare failed unexpectedly", exc_info=e, extra={"uid": ref.uid})
                 return pb2.NodePrepareResourceResponse(error=f"internal error: {type(e).__name__}: {e}")
             return pb2.NodePrepareResourceResponse(devices=[
                 pb2.Device(request_names=list(d.requests), pool_name=d.pool, device_name=d.device,
@@ -72,19 +75,21 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
 
         async def NodeUnprepareResources(self, request, context):  # noqa: N802
             refs = await self._claims(request, context)
-            results = await asyncio.gather(*(self._unprepare(r) for r in refs))
+            try:
+                results = await self.preparer.unprepare_many(refs)
+            except Exception as e:  # noqa: BLE001
+                results = {r.uid: e for r in refs}
             resp = pb2.NodeUnprepareResourcesResponse()
-            for ref, error in zip(refs, results):
-                resp.claims[ref.uid].CopyFrom(pb2.NodeUnprepareResourceResponse(error=error))
+            for ref in refs:
+                resp.claims[ref.uid].CopyFrom(pb2.NodeUnprepareResourceResponse(
+                    error=self._unprepared(ref, results[ref.uid])))
             return resp
 
-        async def _unprepare(self, ref: ClaimRef) -> str:
-            try:
-                await self.preparer.unprepare(ref)
-            except Exception as e:  # noqa: BLE001
-                log.warning("unprepare failed", extra={"uid": ref.uid, "reason": str(e), "api": version})
-                return str(e) if isinstance(e, PrepareError) else f"internal error: {type(e).__name__}: {e}"
-            return ""
+        def _unprepared(self, ref: ClaimRef, e: Exception | None) -> str:
+            if e is None:
+                return ""
+            log.warning("unprepare failed", extra={"uid": ref.uid, "reason": str(e), "api": version})
+            return str(e) if isinstance(e, PrepareError) else f"internal error: {type(e).__name__}: {e}"
 
     DraService.__name__ = f"DraService_{version}"
     return DraService
