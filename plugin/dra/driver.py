@@ -164,9 +164,12 @@ class DraDriver:
         self.publisher.update(topology)
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop serving; in-flight prepares get `grace` seconds, then are cancelled at their next batch (what
-        they prepared is in the checkpoint), so a stop takes about `grace` whatever the kubelet queued."""
+        """Stop serving, about `grace` seconds at most whatever the kubelet queued: in-flight prepares answer
+        at their next step (claims not yet prepared fail, saying why); those still reading after `grace` are
+        cancelled. Either way the checkpoint lists exactly the claims whose CDI specs were written."""
         grace = self.options.stop_grace_s if grace is None else grace
+        if self.preparer is not None:
+            self.preparer.stop()
         registrar, self._registrar = self._registrar, None
         service, self._service = self._service, None
         if registrar is not None:

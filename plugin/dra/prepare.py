@@ -30,6 +30,9 @@ made every other call wait):
 - each call has its own read limit and at most one checkpoint write queued, so
   a one-claim call never waits behind another call's backlog (at most behind
   one batch being written);
+- on stop (SIGTERM) calls in flight answer at once: the batch being written
+  records the claims it has written so far, the other claims fail saying the
+  driver is stopping;
 - each read is bounded (`read_timeout_s`), and once the API server proved
   unreachable in a call (timeout, refused connection) the call's remaining
   claims fail at once with that reason instead of each waiting for it.
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
@@ -116,6 +120,13 @@ class ClaimPreparer:
         self.limits = limits
         #: Prepare/unprepare calls being worked now.
         self.calls = 0
+        # Set from the loop, read in checkpoint threads too: a stop cuts a batch being written short.
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """The driver is stopping: calls in flight answer now, claims not yet prepared fail with that reason
+        (a batch being written records the claims whose specs it wrote), and new calls prepare nothing."""
+        self._stopping.set()
 
     @property
     def busy(self) -> bool:
@@ -160,6 +171,9 @@ class ClaimPreparer:
         table = device_table(self.topology(), self.options)  # once per call, not per claim
         reads = _CallReads(self.limits.reads_per_call)
         for batch in _batches(todo, self.limits.batch):
+            if self._stopping.is_set():
+                out.update({ref.uid: _stopping() for ref in batch})
+                continue
             found = await asyncio.gather(*(self._allocation(ref, reads, table) for ref in batch))
             ready = []
             for ref, got in zip(batch, found):
@@ -178,6 +192,9 @@ class ClaimPreparer:
         for ref, allocated in ready:
             if ref.uid in claims:  # another call or instance prepared it meanwhile
                 done[ref.uid] = claims[ref.uid]
+                continue
+            if self._stopping.is_set():
+                done[ref.uid] = _stopping()
                 continue
             try:
                 ids = self.cdi.write_claim_spec(ref.uid, [(name, dev) for name, dev, _ in allocated])
@@ -207,6 +224,8 @@ class ClaimPreparer:
     async def _read(self, ref: ClaimRef, reads: _CallReads) -> dict[str, Any]:
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         async with reads.slots:
+            if self._stopping.is_set():
+                raise _stopping()
             if reads.unreachable is not None:
                 raise PrepareError(f"reading {where}: not tried, {reads.unreachable}")
             try:
@@ -289,6 +308,11 @@ class ClaimPreparer:
                 log.info("unprepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid})
             out[ref.uid] = None
         return out
+
+
+def _stopping() -> PrepareError:
+    return PrepareError("the DRA driver is stopping (pod deleted or updated); the kubelet retries the claim "
+                        "with the next instance")
 
 
 def _check_ref(ref: ClaimRef) -> None:
