@@ -5,8 +5,10 @@ Why these meanings: the kubelet restarts the pod when liveness fails, so
 (a stalled loop answers nothing and the probe times out) and it also fails
 when the loop's heartbeat is older than `stale_after` (the heartbeat task
 died, or the loop has just come back from a long stall). `/readyz` says "every
-resource is registered with the kubelet", which is what a rolling update
-should wait for. Any other path is 404: a typo in a scrape config should show,
+resource is registered with the kubelet" and, with DRA on, "the DRA driver is
+registered and its ResourceSlices are published" (not while publishing keeps
+failing: the scheduler would see stale or no devices), which is what a
+rolling update should wait for; a 503 answer's body says why. Any other path is 404: a typo in a scrape config should show,
 not quietly return metrics.
 
 The server under it (plugin/http_server.py) bounds connections, time and

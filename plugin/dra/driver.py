@@ -39,7 +39,7 @@ from ..cdi import CdiOptions
 from .cdi import ClaimCdi, ClaimSpecs
 from .checkpoint import ClaimCheckpoint
 from .paths import DraPaths, new_instance_id
-from .prepare import ClaimPreparer
+from .prepare import ClaimPreparer, PrepareLimits
 from .publisher import SlicePublisher
 from .service import RegistrationService, add_dra_services
 from .slices import SliceOptions
@@ -62,6 +62,10 @@ class DraOptions:
     resync_s: float = 60.0
     #: Where this process sees the host's /dev (device numbers for the CDI specs; `--dev-root`).
     dev_root: str = "/dev"
+    #: Batch size, reads in flight and the read bound of NodePrepareResources (plugin/dra/prepare.py).
+    prepare_limits: PrepareLimits = PrepareLimits()
+    #: Seconds in-flight kubelet calls get to finish on stop before they are cancelled.
+    stop_grace_s: float = 1.0
 
     @property
     def driver_name(self) -> str:
@@ -98,6 +102,7 @@ class DraDriver:
         self._topology: NodeTopology | None = None
         self._service: grpc.aio.Server | None = None
         self._registrar: grpc.aio.Server | None = None
+        self.preparer: ClaimPreparer | None = None
 
     @property
     def topology(self) -> NodeTopology:
@@ -119,8 +124,9 @@ class DraDriver:
             log.info("removed the CDI spec of a claim no checkpoint entry owns", extra={"claim_uid": uid})
         for path in self.paths.remove_stale_sockets():
             log.info("removed a stale socket of an earlier instance", extra={"socket": path})
-        preparer = ClaimPreparer(options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi,
-                                 read_claim=self.api.get_claim, topology=lambda: self.topology)
+        self.preparer = preparer = ClaimPreparer(
+            options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi, read_claim=self.api.get_claim,
+            topology=lambda: self.topology, limits=self.options.prepare_limits)
         self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer))
         self._registrar = await _serve(self.paths.registration_socket,
                                        lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))
@@ -139,20 +145,31 @@ class DraDriver:
         return orphans
 
     def ready(self) -> tuple[bool, str]:
-        """Ready once the kubelet confirmed the registration (NotifyRegistrationStatus)."""
+        """Ready once the kubelet confirmed the registration (NotifyRegistrationStatus) and while the
+        ResourceSlices are published: a driver whose devices the scheduler cannot see serves nobody."""
+        name = self.options.driver_name
         status = self.registration.status
         if status is None:
-            return False, f"DRA driver {self.options.driver_name}: not registered with the kubelet yet"
+            return False, f"DRA driver {name}: not registered with the kubelet yet"
         if not status[0]:
-            return False, f"DRA driver {self.options.driver_name}: the kubelet refused it: {status[1]}"
-        return True, f"DRA driver {self.options.driver_name} registered"
+            return False, f"DRA driver {name}: the kubelet refused it: {status[1]}"
+        published, why = self.publisher.health()
+        if not published:
+            return False, f"DRA driver {name}: {why}"
+        return True, f"DRA driver {name} registered, {why}"
 
     def update(self, topology: NodeTopology) -> None:
         """A new topology: prepare answers from it at once, the slices follow."""
         self._topology = topology
         self.publisher.update(topology)
 
-    async def stop(self, grace: float = 1.0) -> None:
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop serving, about `grace` seconds at most whatever the kubelet queued: in-flight prepares answer
+        at their next step (claims not yet prepared fail, saying why); those still reading after `grace` are
+        cancelled. Either way the checkpoint lists exactly the claims whose CDI specs were written."""
+        grace = self.options.stop_grace_s if grace is None else grace
+        if self.preparer is not None:
+            self.preparer.stop()
         registrar, self._registrar = self._registrar, None
         service, self._service = self._service, None
         if registrar is not None:

@@ -13,8 +13,10 @@ documents); this module converts at the edge with the models' own
 Errors: an error answer of the API server raises `KubeApiError`, whose
 `status` is the HTTP code (404, 409...) and `reason` the Status reason
 (`NotFound`, `Conflict`...), which is what the publisher and the claim
-preparer look at; network and TLS failures raise the errors of lightkube's
-HTTP layer (httpx2) unchanged.
+preparer look at. No answer at all (refused or reset connection, TLS failure,
+timeout) raises `KubeApiUnreachable`, naming the server and what went wrong,
+so a caller can stop trying other requests at once instead of waiting for
+each to fail the same way.
 
 RBAC the driver needs (the chart adds it): `get` nodes; `get` resourceclaims;
 `list`, `create`, `update`, `delete` resourceslices.
@@ -33,7 +35,8 @@ from lightkube.config.kubeconfig import SERVICE_ACCOUNT
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-__all__ = ["KubeApi", "KubeApiError", "KubeConfigError", "in_cluster_api", "kubeconfig_api"]
+__all__ = ["KubeApi", "KubeApiError", "KubeApiUnreachable", "KubeConfigError", "in_cluster_api",
+           "kubeconfig_api"]
 
 T = TypeVar("T")
 
@@ -48,6 +51,11 @@ class KubeApiError(Exception):
         self.message = message
 
 
+class KubeApiUnreachable(Exception):
+    """No answer from the API server (connection refused or reset, TLS failure, timeout); the message says
+    which server and what happened."""
+
+
 class KubeConfigError(Exception):
     """No usable API server configuration (not in a pod, unreadable kubeconfig...); the message says which."""
 
@@ -59,6 +67,19 @@ async def _call(request: Awaitable[T]) -> T:
         status = _status_body(e.response)
         raise KubeApiError(e.response.status_code, status.get("reason") or e.response.reason_phrase,
                            status.get("message") or "") from e
+    except httpx2.TransportError as e:
+        what = "no answer in time" if isinstance(e, httpx2.TimeoutException) else "no connection"
+        raise KubeApiUnreachable(f"the API server{_server(e)} is unreachable ({what}: "
+                                 f"{type(e).__name__}{': ' + str(e) if str(e) else ''})") from e
+
+
+def _server(e: httpx2.TransportError) -> str:
+    """` at scheme://host:port` of the failed request, when the error carries one."""
+    try:
+        url = e.request.url
+    except RuntimeError:  # raised outside a request
+        return ""
+    return f" at {url.scheme}://{url.netloc.decode()}"
 
 
 def _status_body(response: httpx2.Response) -> dict[str, Any]:

@@ -16,24 +16,49 @@ Rules (kubelet DRA plugin contract, pkg/kubelet/cm/dra):
 The ResourceClaim itself is read from the API server (the kubelet only sends
 namespace, name and UID): its `status.allocation.devices.results` for our
 driver say which devices of our pool to prepare.
+
+How a call with many claims is worked (issue 19: one call of 1,500 claims ran
+past the kubelet's 45 s deadline, kept working after the kubelet had gone and
+made every other call wait):
+- a call is worked in batches of `PrepareLimits.batch` claims: the batch's
+  claims are read with at most `reads_per_call` reads in flight, then its CDI
+  specs are written and the whole batch recorded in ONE checkpoint write;
+- between batches nothing runs on behalf of the call: when the kubelet
+  cancels or its deadline passes (gRPC cancels the handler) the call stops at
+  the next await; a batch being recorded is finished in its thread, so the
+  checkpoint always says exactly which claims have specs;
+- each call has its own read limit and at most one checkpoint write queued, so
+  a one-claim call never waits behind another call's backlog (at most behind
+  one batch being written);
+- on stop (SIGTERM) calls in flight answer at once: the batch being written
+  records the claims it has written so far, the other claims fail saying the
+  driver is stopping;
+- each read is bounded (`read_timeout_s`), and once the API server proved
+  unreachable in a call (timeout, refused connection) the call's remaining
+  claims fail at once with that reason instead of each waiting for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from allocator.topology import Device, NodeTopology
 
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
+from .kubeapi import KubeApiUnreachable
 from .slices import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], Awaitable[dict[str, Any]]]
+#: One claim's allocated devices: (slice device name, Device, request names).
+Allocated = list[tuple[str, Device, list[str]]]
 
 
 @dataclass(frozen=True)
@@ -47,65 +72,180 @@ class PrepareError(Exception):
     """A claim cannot be prepared; the message goes to the kubelet (and the pod's events)."""
 
 
+#: What a call answers per claim UID: the prepared claim, or why not.
+Outcome = Union[PreparedClaim, Exception]
+
+
+@dataclass(frozen=True)
+class PrepareLimits:
+    """How much one call may do at once; see the module docstring for why each exists."""
+
+    #: Claims recorded per checkpoint write (their CDI specs are written under the same lock hold).
+    batch: int = 64
+    #: ResourceClaim reads in flight per call (below the API client's connection pool, so calls never queue
+    #: behind each other there).
+    reads_per_call: int = 16
+    #: Bound on one ResourceClaim read; the API client's own bound is 10 s per request.
+    read_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for f in ("batch", "reads_per_call", "read_timeout_s"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"PrepareLimits.{f} must be positive, not {getattr(self, f)!r}")
+
+
+class _CallReads:
+    """One call's view of the API server: its own read limit, and the first sign that the server is out of
+    reach, after which the call's other reads are not even tried."""
+
+    def __init__(self, limit: int):
+        self.slots = asyncio.Semaphore(limit)
+        self.unreachable: str | None = None
+
+
+def _batches(items: Sequence[ClaimRef], size: int) -> Iterator[Sequence[ClaimRef]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
 class ClaimPreparer:
     def __init__(self, *, options: SliceOptions, checkpoint: ClaimCheckpoint, cdi: ClaimCdi,
-                 read_claim: ClaimReader, topology: Callable[[], NodeTopology]):
+                 read_claim: ClaimReader, topology: Callable[[], NodeTopology],
+                 limits: PrepareLimits = PrepareLimits()):
         self.options = options
         self.checkpoint = checkpoint
         self.cdi = cdi
         self.read_claim = read_claim
         self.topology = topology
+        self.limits = limits
+        #: Prepare/unprepare calls being worked now.
+        self.calls = 0
+        # Set from the loop, read in checkpoint threads too: a stop cuts a batch being written short.
+        self._stopping = threading.Event()
 
+    def stop(self) -> None:
+        """The driver is stopping: calls in flight answer now, claims not yet prepared fail with that reason
+        (a batch being written records the claims whose specs it wrote), and new calls prepare nothing."""
+        self._stopping.set()
+
+    @property
+    def busy(self) -> bool:
+        """Work is going on: a call, or a checkpoint write whose caller may have gone."""
+        return self.calls > 0 or self.checkpoint.pending > 0
+
+    # -- prepare -------------------------------------------------------------------------------
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
-        """The prepared claim (from the checkpoint when already prepared); raises PrepareError."""
-        _check_ref(ref)
-        known = await self.checkpoint.update(lambda claims: claims.get(ref.uid))
-        if known is not None:
-            return known
-        # Read the claim without holding the lock: another instance may prepare meanwhile.
-        allocated = self._allocated_devices(ref, await self._read(ref))
+        """One claim (from the checkpoint when already prepared); raises PrepareError."""
+        outcome = (await self.prepare_many([ref]))[ref.uid]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
-        def record(claims: dict[str, PreparedClaim]) -> tuple[PreparedClaim, bool]:
-            if ref.uid in claims:
-                return claims[ref.uid], False
-            ids = self.cdi.write_claim_spec(ref.uid, [(name, dev) for name, dev, _ in allocated])
-            claims[ref.uid] = PreparedClaim(
+    async def prepare_many(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        """Prepare the claims of one call in batches; the outcome per claim UID.
+
+        Cancelling the caller stops the work at the next batch (see the module docstring).
+        """
+        self.calls += 1
+        try:
+            return await self._prepare_many(refs)
+        finally:
+            self.calls -= 1
+
+    async def _prepare_many(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        out: dict[str, Outcome] = {}
+        todo = []
+        for ref in refs:
+            try:
+                _check_ref(ref)
+                todo.append(ref)
+            except PrepareError as e:
+                out[ref.uid] = e
+        if not todo:
+            return out
+        known = await self.checkpoint.read()
+        out.update({r.uid: known[r.uid] for r in todo if r.uid in known})
+        todo = [r for r in todo if r.uid not in known]
+        if not todo:
+            return out
+        table = device_table(self.topology(), self.options)  # once per call, not per claim
+        reads = _CallReads(self.limits.reads_per_call)
+        for batch in _batches(todo, self.limits.batch):
+            if self._stopping.is_set():
+                out.update({ref.uid: _stopping() for ref in batch})
+                continue
+            found = await asyncio.gather(*(self._allocation(ref, reads, table) for ref in batch))
+            ready = []
+            for ref, got in zip(batch, found):
+                if isinstance(got, Exception):
+                    out[ref.uid] = got
+                else:
+                    ready.append((ref, got))
+            if ready:
+                out.update(await self.checkpoint.update(lambda claims, ready=ready: self._record(claims, ready)))
+        return out
+
+    def _record(self, claims: dict[str, PreparedClaim],
+                ready: list[tuple[ClaimRef, Allocated]]) -> dict[str, Outcome]:
+        """Under the checkpoint lock: write the batch's CDI specs and record the batch (one file write)."""
+        done: dict[str, Outcome] = {}
+        for ref, allocated in ready:
+            if ref.uid in claims:  # another call or instance prepared it meanwhile
+                done[ref.uid] = claims[ref.uid]
+                continue
+            if self._stopping.is_set():
+                done[ref.uid] = _stopping()
+                continue
+            try:
+                ids = self.cdi.write_claim_spec(ref.uid, [(name, dev) for name, dev, _ in allocated])
+            except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
+                done[ref.uid] = e
+                continue
+            claims[ref.uid] = done[ref.uid] = PreparedClaim(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name,
                 devices=tuple(PreparedDevice(pool=self.options.pool, device=name, requests=tuple(reqs),
                                              cdi_device_ids=tuple(cdi))
                               for (name, _, reqs), cdi in zip(allocated, ids)),
             )
-            return claims[ref.uid], True
-
-        prepared, new = await self.checkpoint.update(record)
-        if new:
             log.info("prepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
-                                              "devices": [d.device for d in prepared.devices]})
-        return prepared
+                                              "devices": [name for name, _, _ in allocated]})
+        return done
 
-    async def unprepare(self, ref: ClaimRef) -> None:
-        _check_ref(ref)
-
-        def drop(claims: dict[str, PreparedClaim]) -> PreparedClaim | None:
-            known = claims.pop(ref.uid, None)
-            # Also when unknown: a crash between writing the CDI spec and the checkpoint leaves a spec behind.
-            self.cdi.remove_claim_spec(ref.uid)
-            return known
-
-        if await self.checkpoint.update(drop) is not None:
-            log.info("unprepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid})
-
-    async def _read(self, ref: ClaimRef) -> dict[str, Any]:
+    async def _allocation(self, ref: ClaimRef, reads: _CallReads,
+                          table: dict[str, Device]) -> Allocated | Exception:
         try:
-            return await self.read_claim(ref.namespace, ref.name)
-        except Exception as e:  # noqa: BLE001 (API errors of any kind become a per-claim error)
-            status = getattr(e, "status", None)
-            if status == 404:
-                raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name} not found") from None
-            raise PrepareError(f"reading ResourceClaim {ref.namespace}/{ref.name}: "
-                               f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
+            return self._allocated_devices(ref, await self._read(ref, reads), table)
+        except PrepareError as e:
+            return e
+        except Exception as e:  # noqa: BLE001 (one claim's surprise must not fail the others)
+            log.exception("prepare failed unexpectedly", extra={"uid": ref.uid})
+            return e
 
-    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any]) -> list[tuple[str, Device, list[str]]]:
+    async def _read(self, ref: ClaimRef, reads: _CallReads) -> dict[str, Any]:
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        async with reads.slots:
+            if self._stopping.is_set():
+                raise _stopping()
+            if reads.unreachable is not None:
+                raise PrepareError(f"reading {where}: not tried, {reads.unreachable}")
+            try:
+                async with asyncio.timeout(self.limits.read_timeout_s):
+                    return await self.read_claim(ref.namespace, ref.name)
+            except TimeoutError:
+                reads.unreachable = (f"the API server did not answer within {self.limits.read_timeout_s:g} s "
+                                     "(overloaded or unreachable)")
+                raise PrepareError(f"reading {where}: {reads.unreachable}") from None
+            except KubeApiUnreachable as e:
+                reads.unreachable = str(e)
+                raise PrepareError(f"reading {where}: {e}") from None
+            except Exception as e:  # noqa: BLE001 (API errors of any kind become a per-claim error)
+                status = getattr(e, "status", None)
+                if status == 404:
+                    raise PrepareError(f"{where} not found") from None
+                raise PrepareError(f"reading {where}: "
+                                   f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
+
+    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any], table: dict[str, Device]) -> Allocated:
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         uid = claim.get("metadata", {}).get("uid")
         if uid != ref.uid:
@@ -114,7 +254,6 @@ class ClaimPreparer:
         ours = [r for r in results if r.get("driver") == self.options.driver_name]
         if not ours:
             raise PrepareError(f"{where} has no devices allocated from driver {self.options.driver_name}")
-        table = device_table(self.topology(), self.options)
         out: dict[str, tuple[str, Device, list[str]]] = {}
         for r in ours:
             pool, name = r.get("pool"), r.get("device")
@@ -131,6 +270,49 @@ class ClaimPreparer:
             if request and request not in entry[2]:
                 entry[2].append(request)
         return list(out.values())
+
+    # -- unprepare -----------------------------------------------------------------------------
+    async def unprepare(self, ref: ClaimRef) -> None:
+        outcome = (await self.unprepare_many([ref]))[ref.uid]
+        if outcome is not None:
+            raise outcome
+
+    async def unprepare_many(self, refs: Sequence[ClaimRef]) -> dict[str, Exception | None]:
+        """Unprepare the claims of one call, a batch per checkpoint write; None per claim that is done."""
+        self.calls += 1
+        try:
+            out: dict[str, Exception | None] = {}
+            todo = []
+            for ref in refs:
+                try:
+                    _check_ref(ref)
+                    todo.append(ref)
+                except PrepareError as e:
+                    out[ref.uid] = e
+            for batch in _batches(todo, self.limits.batch):
+                out.update(await self.checkpoint.update(lambda claims, batch=batch: self._drop(claims, batch)))
+            return out
+        finally:
+            self.calls -= 1
+
+    def _drop(self, claims: dict[str, PreparedClaim], batch: Sequence[ClaimRef]) -> dict[str, Exception | None]:
+        out: dict[str, Exception | None] = {}
+        for ref in batch:
+            try:
+                # Also when unknown: a crash between writing the CDI spec and the checkpoint leaves a spec behind.
+                self.cdi.remove_claim_spec(ref.uid)
+            except Exception as e:  # noqa: BLE001 (this claim stays recorded; the others go on)
+                out[ref.uid] = e
+                continue
+            if claims.pop(ref.uid, None) is not None:
+                log.info("unprepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid})
+            out[ref.uid] = None
+        return out
+
+
+def _stopping() -> PrepareError:
+    return PrepareError("the DRA driver is stopping (pod deleted or updated); the kubelet retries the claim "
+                        "with the next instance")
 
 
 def _check_ref(ref: ClaimRef) -> None:

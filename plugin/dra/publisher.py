@@ -76,7 +76,12 @@ class SlicePublisher:
         self.generation = 0
         #: Completed passes (written or not): tests and readiness wait on this.
         self.passes = 0
+        #: Passes that succeeded (the published pool matched the topology afterwards).
+        self.successes = 0
+        #: Failed passes in a row (0 after a success), the last one's error and the wait before the next try.
+        self.failures = 0
         self.last_error: str | None = None
+        self.retry_s = 0.0
 
     @property
     def effective_options(self) -> SliceOptions:
@@ -110,22 +115,34 @@ class SlicePublisher:
             for s in await self.api.list_slices(self.options.node_name, self.options.driver_name):
                 await self.api.delete_slice(s["metadata"]["name"])
 
+    def health(self) -> tuple[bool, str]:
+        """Whether the node's devices are published now, and why not: the driver's readiness.
+
+        Not before the first successful pass (the scheduler cannot allocate what is not published), and not
+        while passes keep failing (the slices may be stale or gone, e.g. after the kubelet deleted them)."""
+        if self.failures:
+            return False, (f"publishing ResourceSlices failed {self.failures} time(s) in a row, retrying in "
+                           f"{self.retry_s:g} s: {self.last_error}")
+        if not self.successes:
+            return False, "ResourceSlices not published yet"
+        return True, f"ResourceSlices published (pool generation {self.generation})"
+
     async def _run(self) -> None:
-        failures = 0
         while True:
             self._wake.clear()
             try:
                 await self.reconcile()
-                failures, self.last_error = 0, None
+                self.failures, self.last_error = 0, None
+                self.successes += 1
                 delay = self.resync_s
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 (API, network, auth: retry with backoff, never die)
-                failures += 1
-                delay = min(self.max_backoff_s, 2.0 ** min(failures, 6))
-                self.last_error = f"{type(e).__name__}: {e}"
+                self.failures += 1
+                delay = min(self.max_backoff_s, 2.0 ** min(self.failures, 6))
+                self.last_error, self.retry_s = f"{type(e).__name__}: {e}", delay
                 log.warning("publishing ResourceSlices failed; retrying",
-                            extra={"error": self.last_error, "retry_s": delay, "failures": failures})
+                            extra={"error": self.last_error, "retry_s": delay, "failures": self.failures})
             self.passes += 1
             await wait_event(self._wake, delay)
 

@@ -18,7 +18,6 @@ left ("internal error") is.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from types import ModuleType
@@ -56,18 +55,20 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
 
         async def NodePrepareResources(self, request, context):  # noqa: N802 (gRPC names)
             refs = await self._claims(request, context)
-            results = await asyncio.gather(*(self._prepare(r) for r in refs))
+            results, good = _checked_uids(refs)
+            try:
+                results.update(await self.preparer.prepare_many(good))  # batched; stops when the kubelet has gone
+            except Exception as e:  # noqa: BLE001 (a request must never take the driver down)
+                log.exception("prepare failed unexpectedly", extra={"claims": len(good)})
+                results.update({r.uid: e for r in good})
             resp = pb2.NodePrepareResourcesResponse()
-            for ref, entry in zip(refs, results):
-                resp.claims[ref.uid].CopyFrom(entry)
+            for ref in refs:
+                resp.claims[ref.uid].CopyFrom(self._prepared(ref, results[ref.uid]))
             return resp
 
-        async def _prepare(self, ref: ClaimRef):
-            try:
-                check_claim_uid(ref.uid)
-                prepared = await self.preparer.prepare(ref)
-            except Exception as e:  # noqa: BLE001 (a request must never take the driver down)
-                return pb2.NodePrepareResourceResponse(error=_claim_error("prepare", ref, e, version))
+        def _prepared(self, ref: ClaimRef, prepared):
+            if isinstance(prepared, Exception):
+                return pb2.NodePrepareResourceResponse(error=_claim_error("prepare", ref, prepared, version))
             return pb2.NodePrepareResourceResponse(devices=[
                 pb2.Device(request_names=list(d.requests), pool_name=d.pool, device_name=d.device,
                            cdi_device_ids=list(d.cdi_device_ids))
@@ -75,22 +76,38 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
 
         async def NodeUnprepareResources(self, request, context):  # noqa: N802
             refs = await self._claims(request, context)
-            results = await asyncio.gather(*(self._unprepare(r) for r in refs))
+            results, good = _checked_uids(refs)
+            try:
+                results.update(await self.preparer.unprepare_many(good))
+            except Exception as e:  # noqa: BLE001
+                log.exception("unprepare failed unexpectedly", extra={"claims": len(good)})
+                results.update({r.uid: e for r in good})
             resp = pb2.NodeUnprepareResourcesResponse()
-            for ref, error in zip(refs, results):
-                resp.claims[ref.uid].CopyFrom(pb2.NodeUnprepareResourceResponse(error=error))
+            for ref in refs:
+                resp.claims[ref.uid].CopyFrom(pb2.NodeUnprepareResourceResponse(
+                    error=self._unprepared(ref, results[ref.uid])))
             return resp
 
-        async def _unprepare(self, ref: ClaimRef) -> str:
-            try:
-                check_claim_uid(ref.uid)
-                await self.preparer.unprepare(ref)
-            except Exception as e:  # noqa: BLE001
-                return _claim_error("unprepare", ref, e, version)
-            return ""
+        def _unprepared(self, ref: ClaimRef, e: Exception | None) -> str:
+            return "" if e is None else _claim_error("unprepare", ref, e, version)
 
     DraService.__name__ = f"DraService_{version}"
     return DraService
+
+
+def _checked_uids(refs: list[ClaimRef]) -> tuple[dict[str, object], list[ClaimRef]]:
+    """({uid: BadClaimUid} for the claims whose UID cannot name a file, the other claims): a bad UID is
+    refused before any work, so nothing of it reaches the checkpoint or the CDI directory."""
+    refused: dict[str, object] = {}
+    good: list[ClaimRef] = []
+    for ref in refs:
+        try:
+            check_claim_uid(ref.uid)
+        except BadClaimUid as e:
+            refused[ref.uid] = e
+        else:
+            good.append(ref)
+    return refused, good
 
 
 def _claim_error(what: str, ref: ClaimRef, e: Exception, version: str) -> str:
@@ -102,7 +119,7 @@ def _claim_error(what: str, ref: ClaimRef, e: Exception, version: str) -> str:
     if isinstance(e, CdiDirError):  # the node is misconfigured: the message holds the fix
         log.error(f"{what} failed: the node's CDI directory is unusable", extra={**where, "reason": str(e)})
         return str(e)
-    log.exception(f"{what} failed unexpectedly (a bug)", extra=where)
+    log.error(f"{what} failed unexpectedly (a bug)", exc_info=e, extra=where)
     return f"internal error: {type(e).__name__}: {e}"
 
 

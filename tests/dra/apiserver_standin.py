@@ -11,10 +11,17 @@ keeps the server's rules that the driver relies on: `timeAdded` set on taints
 and (with `drop_taints`) the field dropping of a server whose DRADeviceTaints
 gate is off. What it does not do is validation: that is checked against the
 real API server code by tests/dra/validate.
+
+For the reliability tests it can also misbehave as a real one does under
+load or in an outage: answer claim reads slowly (`claim_delay_s`), hang them
+(`hold_claims`: reads of the claims it selects wait until `release()`, the
+way a hung API server accepts a connection and never answers) and fail the
+slice calls with an error status (`slice_failure`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import itertools
@@ -22,6 +29,7 @@ import json
 import pathlib
 import ssl
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -59,6 +67,16 @@ class ApiServerStandIn:
         self.authorizations: list[str | None] = []
         #: Every mutating request: (method, name).
         self.writes: list[tuple[str, str]] = []
+        #: Seconds each ResourceClaim read waits before it is answered (a loaded API server).
+        self.claim_delay_s = 0.0
+        #: Reads of the claims this selects, by (namespace, name), hang until `release()` (a hung server).
+        self.hold_claims: Callable[[str, str], bool] | None = None
+        #: ResourceClaim reads received, and those hanging now.
+        self.claim_reads = 0
+        self.held = 0
+        #: When set, every ResourceSlice call (and the Node get) is answered with this HTTP status.
+        self.slice_failure: int | None = None
+        self._released = asyncio.Event()
         self._rv = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -74,6 +92,16 @@ class ApiServerStandIn:
         self.claims[(namespace, name)] = claim
         return uid
 
+    def hold(self, select: Callable[[str, str], bool] = lambda ns, name: True) -> None:
+        """From now on, reads of the selected claims hang until `release()`."""
+        self._released.clear()
+        self.hold_claims = select
+
+    def release(self) -> None:
+        """Answer the hanging reads (and later ones) again."""
+        self.hold_claims = None
+        self._released.set()
+
     def node_uid(self, name: str) -> str:
         return self.nodes[name]["metadata"]["uid"]
 
@@ -83,6 +111,8 @@ class ApiServerStandIn:
         self.authorizations.append(request.headers.get("Authorization"))
         if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
             response: web.StreamResponse = _status(401, "Unauthorized", "Unauthorized")
+        elif self.slice_failure is not None and "/resourceclaims/" not in request.path:
+            response = _status(self.slice_failure, "ServiceUnavailable", "the stand-in was told to fail")
         else:
             response = await handler(request)
         response.headers["Content-Type"] = self.content_type
@@ -106,6 +136,7 @@ class ApiServerStandIn:
         return self.url
 
     async def stop(self) -> None:
+        self.release()  # hanging handlers must end, or the clean-up waits for them
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -114,7 +145,17 @@ class ApiServerStandIn:
         return _json(node) if node else _status(404, "NotFound", "node not found")
 
     async def _get_claim(self, request: web.Request) -> web.Response:
-        claim = self.claims.get((request.match_info["ns"], request.match_info["name"]))
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        self.claim_reads += 1
+        if self.hold_claims is not None and self.hold_claims(ns, name):
+            self.held += 1
+            try:
+                await self._released.wait()
+            finally:
+                self.held -= 1
+        if self.claim_delay_s:
+            await asyncio.sleep(self.claim_delay_s)
+        claim = self.claims.get((ns, name))
         if claim is None:
             return _status(404, "NotFound", f"resourceclaims.resource.k8s.io \"{request.match_info['name']}\" not found")
         return _json(claim)

@@ -102,3 +102,29 @@ def test_two_instances_never_lose_each_others_claims(tmp_path):
         t.join(timeout=120)
     assert not errors
     assert len(_cp(tmp_path).load()) == 50
+
+
+async def test_writes_and_pending_sections_are_counted(tmp_path):
+    """What the claim preparer relies on: one write per changing update, and knowing when none is running."""
+    cp = _cp(tmp_path)
+    await cp.update(lambda claims: claims.update(u1=_claim("u1"), u2=_claim("u2")))
+    await cp.update(lambda claims: None)  # no change: no write
+    assert cp.writes == 1 and sorted(await cp.read()) == ["u1", "u2"] and cp.writes == 1
+    started, release = threading.Event(), threading.Event()
+
+    def slow(claims):
+        started.set()
+        release.wait(60)
+
+    task = asyncio.create_task(cp.update(slow))
+    await asyncio.to_thread(started.wait, 60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cp.pending == 1  # the caller has gone; its locked section has not finished
+    release.set()
+    for _ in range(3000):
+        if cp.pending == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert cp.pending == 0

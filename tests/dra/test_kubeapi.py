@@ -156,3 +156,23 @@ async def test_configuration_errors_say_what_is_missing(tmp_path, monkeypatch, s
     (tmp_path / "bad").write_text("clusters: [", encoding="utf-8")
     with pytest.raises(KubeConfigError, match=f"kubeconfig {tmp_path}/bad"):
         await kubeconfig_api(str(tmp_path / "bad"))
+
+
+async def test_no_answer_at_all_is_told_apart_from_an_error_answer(tmp_path):
+    """A stopped API server: `KubeApiUnreachable` naming the server, so the claim preparer fails fast."""
+    from apiserver_standin import ApiServerStandIn
+
+    from plugin.dra.kubeapi import KubeApiUnreachable
+
+    server = ApiServerStandIn(NODE)
+    url = await server.start()
+    api = await kubeconfig_api(write_kubeconfig(tmp_path / "kubeconfig", url))
+    try:
+        with pytest.raises(KubeApiError) as e:
+            await api.get_claim("team", "missing")
+        assert e.value.status == 404
+        await server.stop()
+        with pytest.raises(KubeApiUnreachable, match=f"the API server at {url} is unreachable \\(no connection"):
+            await api.get_claim("team", "missing")
+    finally:
+        await api.close()

@@ -319,3 +319,46 @@ async def test_a_simulated_gpu_without_a_uuid_is_named_in_the_container_by_its_p
     assert f"TOPO_DEV_GPU_3={uuid}" in device["containerEdits"]["env"]
     # and the device-plugin side serves the same GPU under the same ID
     assert gpu_id(topology, topology.device("GPU3"), "uuid") == uuid
+
+
+# ---- many claims in one call (issue 19) --------------------------------------------------------------
+
+
+async def test_a_many_claim_call_writes_the_checkpoint_once_per_batch(start_driver, roots, apiserver):
+    drv = await start_driver()
+    plugin = await register(registration_sockets(roots[0])[0])
+    batch = drv.options.prepare_limits.batch
+    n = 2 * batch + 3
+    claims = [("team", apiserver.add_claim("team", f"c{i}", [result(f"gpu-{i % 8}")]), f"c{i}") for i in range(n)]
+    before = drv.checkpoint.writes
+    resp = await plugin.prepare(*claims)
+    assert all(resp.claims[u].error == "" for _, u, _ in claims)
+    assert drv.checkpoint.writes - before == 3  # ceil(n / batch), not n
+    assert set(checkpoint(roots[0])) == {u for _, u, _ in claims}
+
+    # Asked again: answered from the checkpoint, nothing written.
+    before = drv.checkpoint.writes
+    assert await plugin.prepare(*claims) == resp
+    assert drv.checkpoint.writes == before
+
+    resp = await plugin.unprepare(*claims)
+    assert all(resp.claims[u].error == "" for _, u, _ in claims)
+    assert drv.checkpoint.writes - before == 3
+    assert checkpoint(roots[0]) == {} and os.listdir(roots[1]) == []
+
+
+async def test_a_claim_whose_spec_cannot_be_written_fails_alone_and_leaves_no_record(start_driver, roots, apiserver):
+    class FailingForOne(CountingCdi):
+        def write_claim_spec(self, claim_uid, devices):
+            if claim_uid == bad:
+                raise OSError(28, "No space left on device")
+            return super().write_claim_spec(claim_uid, devices)
+
+    await start_driver(cdi=FailingForOne(roots[1]))
+    plugin = await register(registration_sockets(roots[0])[0])
+    good = apiserver.add_claim("team", "good", [result("gpu-0")])
+    bad = apiserver.add_claim("team", "bad", [result("gpu-1")])
+    resp = await plugin.prepare(("team", good, "good"), ("team", bad, "bad"))
+    assert resp.claims[good].error == ""
+    assert "No space left on device" in resp.claims[bad].error
+    assert set(checkpoint(roots[0])) == {good}

@@ -149,3 +149,22 @@ async def test_a_concurrent_writer_causes_a_conflict_and_the_next_pass_converges
     assert getattr(e.value, "status", None) == 409
     pub._topology = racing._topology
     assert await pub.reconcile() is True and "taints" in devices(apiserver)["gpu-2"]
+
+
+async def test_health_says_why_until_published_while_failing_and_after_recovery(apiserver, kube_api, dgx_h100):
+    """What the driver's readiness reports (issue 19: /readyz said ready while publishing kept failing)."""
+    pub = SlicePublisher(kube_api, OPTS, resync_s=3600, max_backoff_s=0.05)
+    assert pub.health() == (False, "ResourceSlices not published yet")
+    apiserver.slice_failure = 503
+    pub.start(dgx_h100)
+    try:
+        await eventually(lambda: pub.failures >= 1)
+        ok, why = pub.health()
+        assert not ok and "publishing ResourceSlices failed" in why and "503" in why, why
+        assert apiserver.slices == {}
+        apiserver.slice_failure = None
+        await eventually(lambda: pub.health()[0])
+        assert pub.health() == (True, "ResourceSlices published (pool generation 1)")
+        assert len(apiserver.slices) == 1
+    finally:
+        await pub.stop()
