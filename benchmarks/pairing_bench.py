@@ -16,7 +16,7 @@ once the servers are wired).
    manager is modelled (`KubeletNode`: per container, resources in random
    order, `devicesToAllocate` with random fill order, Topology Manager policy
    `none`), calling the allocator through the call-sequence tracker
-   (`plugin.pairing_groups`) and `PairingIndex`. Reported: the share of GPUs
+   (`plugin.allocation.pairing_groups`) and `PairingIndex`. Reported: the share of GPUs
    whose container has a PIX/PXB NIC for it (one NIC per GPU), with the
    pairing window at 1 s and at 0 (off), and the latency of the
    GetPreferredAllocation calls of each run.
@@ -55,8 +55,8 @@ from allocator.topologymanager.device_hints import DeviceInfo  # noqa: E402
 from allocator.topologymanager.devices_to_allocate import devices_to_allocate  # noqa: E402
 from allocator.topologymanager.hint import TopologyHint  # noqa: E402
 from allocator_bench import pct, table, timed  # noqa: E402
-from plugin.pairing_groups import PairingGroups  # noqa: E402
-from plugin.resources import Resource, ResourceOptions, build_resources  # noqa: E402
+from plugin.allocation.pairing_groups import PairingGroups  # noqa: E402
+from plugin.model.resources import Resource, ResourceOptions, build_resources  # noqa: E402
 from plugin.sources.simulated import load_simulated  # noqa: E402
 
 NODES = ("dgx-h100", "dgx-a100", "dgx-2-v100")

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gpu_allocate import DEVICE_LIST_STRATEGIES
+from ..model.gpu_allocate import DEVICE_LIST_STRATEGIES
 
 #: Commands that read the options shared by every command that looks at a node.
 NODE_COMMANDS = frozenset({"serve", "discover", "demo", "allocate", "explain"})

@@ -6,10 +6,10 @@ with health and NUMA, the allocator's `DeviceGraph` (built here, once per
 topology, never inside an RPC), the policy name and the Allocate builder.
 
 Order of the steps: GPU-family resources by MIG strategy
-(`plugin.mig_strategy`: whole GPUs, MIG devices per profile), time-slicing
-replicas of them (`plugin.time_slicing`), NIC pools; then, when Allocate
+(`plugin.model.mig_strategy`: whole GPUs, MIG devices per profile), time-slicing
+replicas of them (`plugin.model.time_slicing`), NIC pools; then, when Allocate
 names devices through CDI specs we write, each resource's spec
-(`plugin.cdi`), which the daemon writes and Allocate names from.
+(`plugin.model.cdi`), which the daemon writes and Allocate names from.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from allocator.topology import Device, DeviceGraph, DeviceKind, NodeTopology
 from .allocate_response import ContainerAllocation
 from .cdi import CdiOptions, CdiSpec, spec_for
 from .cdi_names import CdiNamingBuilder
-from .config.sharing import TimeSlicing
-from .errors import OptionError
+from ..config.sharing import TimeSlicing
+from ..errors import OptionError
 from .gpu_allocate import GpuAllocateBuilder, GpuAllocateOptions
 from .identity import device_uuid, simulated_uuid
 from .mig_strategy import GpuGroup, group_gpus
 from .nic_pools.pools import NicPool, default_pool
 from .resource_names import check_resource_name
-from .sources.errors import TopologyError
+from ..sources.errors import TopologyError
 from .time_slicing import apply_time_slicing
 
 __all__ = [
@@ -107,13 +107,13 @@ class ResourceOptions:
     #: Where NIC Allocate responses find device nodes (vfio, /dev/infiniband...), for the default pool.
     dev_root: str = "/dev"
     #: The GPU–NIC pairing window in seconds (0: off). Not used to build resources: it travels with
-    #: them because a config reload applies it live, as it applies them (`plugin.pairing_service`).
+    #: them because a config reload applies it live, as it applies them (`plugin.allocation.pairing_service`).
     pairing_window_s: float = 1.0
-    #: NVIDIA's MIG strategy (`plugin.mig_strategy`).
+    #: NVIDIA's MIG strategy (`plugin.model.mig_strategy`).
     mig_strategy: str = "none"
     #: NVIDIA's `sharing.timeSlicing` (None: nothing is shared).
     time_slicing: TimeSlicing | None = None
-    #: Resources served through DRA instead of the device-plugin API (checked by `plugin.serving_modes`).
+    #: Resources served through DRA instead of the device-plugin API (checked by `plugin.model.serving_modes`).
     dra_resources: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:

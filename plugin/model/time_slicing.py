@@ -39,9 +39,9 @@ from allocator.subdevices import physical_id, replica_graph, replica_id
 from allocator.topology import Device, DeviceGraph, DeviceKind
 
 from .allocate_response import ContainerAllocation
-from .config.sharing import MAX_REPLICAS, SharedResource, SharingError, TimeSlicing, \
+from ..config.sharing import MAX_REPLICAS, SharedResource, SharingError, TimeSlicing, \
     device_limit_reason, qualify
-from .errors import OptionError
+from ..errors import OptionError
 from .resource_names import check_resource_name
 
 #: The policy of every replica resource (`allocator.policies.get_policy`).

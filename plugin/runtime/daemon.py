@@ -28,19 +28,19 @@ from typing import Protocol
 from allocator import NodeTopology, Policy
 from allocator.topology import Device
 
-from .cdi.sync import SpecSync
-from .errors import InputError, TopoDevicePluginError
-from .filewatch import watch_file
-from .health_endpoint import HealthServer
-from .metrics import Metrics
-from .pairing_service import PairingService
-from .pod_resources import DEFAULT_TIMEOUT_S as POD_RESOURCES_TIMEOUT_S
-from .pod_resources import PodResourcesReader
-from .preferred import DEFAULT_DEADLINE_S
-from .ratelimited_log import RateLimitedLog, UndecodableRequestLog
-from .socket_file import prune_stale_bind_dirs
+from ..model.cdi.sync import SpecSync
+from ..errors import InputError, TopoDevicePluginError
+from ..watch.filewatch import watch_file
+from ..observability.health_endpoint import HealthServer
+from ..observability.metrics import Metrics
+from ..allocation.pairing_service import PairingService
+from ..allocation.pod_resources import DEFAULT_TIMEOUT_S as POD_RESOURCES_TIMEOUT_S
+from ..allocation.pod_resources import PodResourcesReader
+from ..allocation.preferred import DEFAULT_DEADLINE_S
+from ..observability.ratelimited_log import RateLimitedLog, UndecodableRequestLog
+from ..serving.socket_file import prune_stale_bind_dirs
 from .signals import LoopSignals
-from .registration import (
+from ..serving.registration import (
     KUBELET_SOCKET,
     PluginDirWatcher,
     RegistrationError,
@@ -48,11 +48,11 @@ from .registration import (
     register,
     socket_identity,
 )
-from .resources import Resource, ResourceOptions, build_resources
-from .search_pool import SearchPool
-from .server import PolicyFactory, RequestHandling, ResourceServer
-from .serving_modes import DraDevices, split
-from .sources.base import TopologySource
+from ..model.resources import Resource, ResourceOptions, build_resources
+from ..allocation.search_pool import SearchPool
+from ..serving.server import PolicyFactory, RequestHandling, ResourceServer
+from ..model.serving_modes import DraDevices, split
+from ..sources.base import TopologySource
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 class DaemonOptions:
     plugin_dir: str
     metrics_address: str | None = None
-    #: Where our CDI specs go (`plugin.cdi.sync`); None: never write any.
+    #: Where our CDI specs go (`plugin.model.cdi.sync`); None: never write any.
     cdi_spec_dir: str | None = None
     #: Quiet time after a filesystem event before acting (one kubelet restart = one re-registration).
     debounce_s: float = 0.05
@@ -80,13 +80,13 @@ class DaemonOptions:
     register_timeout_s: float = 15.0
     #: The config file to watch; a valid change is applied live (see `reload_resources`).
     config_path: str | None = None
-    #: Whole-request deadline of GetPreferredAllocation (why 1 s: `plugin.preferred`).
+    #: Whole-request deadline of GetPreferredAllocation (why 1 s: `plugin.allocation.preferred`).
     preferred_deadline_s: float = DEFAULT_DEADLINE_S
-    #: Threads for preferred-allocation searches (why threads, why two: `plugin.search_pool`).
+    #: Threads for preferred-allocation searches (why threads, why two: `plugin.allocation.search_pool`).
     search_workers: int = 2
     #: The kubelet's pod-resources socket, to check pairing partners against (None: not read).
     pod_resources_socket: str | None = None
-    #: Deadline of one pod-resources `List` (why short: `plugin.pod_resources`).
+    #: Deadline of one pod-resources `List` (why short: `plugin.allocation.pod_resources`).
     pod_resources_timeout_s: float = POD_RESOURCES_TIMEOUT_S
 
 
@@ -103,7 +103,7 @@ class DraSide(Protocol):
 
 
 #: Makes the DRA driver for the devices `include` accepts (those of the DRA resources, see
-#: `plugin.serving_modes`); raises `TopoDevicePluginError`s when it cannot (no API access...).
+#: `plugin.model.serving_modes`); raises `TopoDevicePluginError`s when it cannot (no API access...).
 DraFactory = Callable[[Callable[[Device], bool]], Awaitable[DraSide]]
 
 
@@ -173,7 +173,7 @@ class Daemon:
                            if options.pod_resources_socket else None))
         #: Shared by every server: one search pool, one rate-limited rejection log, the request deadline, pairing.
         self.handling = RequestHandling(SearchPool(options.search_workers),
-                                        RateLimitedLog(logging.getLogger("plugin.server")),
+                                        RateLimitedLog(logging.getLogger("plugin.serving.server")),
                                         options.preferred_deadline_s, self.pairing)
         self.health_server: HealthServer | None = None
         #: The plugin directory's watcher, once started.

@@ -52,7 +52,7 @@ class HardwareOptions:
     nics: bool = True
     #: `NodeTopology.source`; default: the host name.
     node_name: str | None = None
-    #: GPU health: `plugin.health.GpuHealthOptions`, or the config's `gpus.health` mapping; None: defaults.
+    #: GPU health: `plugin.watch.health.GpuHealthOptions`, or the config's `gpus.health` mapping; None: defaults.
     gpu_health: Any = None
     #: NICs on a down link (the PF's, for VFs) are Unhealthy, and link changes trigger a rescan.
     nic_link_health: bool = False
@@ -151,7 +151,7 @@ class HardwareSource:
 
             kw: dict[str, Any] = {}
             if isinstance(o.gpu_health, Mapping):  # the config file's `gpus.health` section
-                from ..health import GpuHealthOptions  # noqa: PLC0415
+                from ..watch.health import GpuHealthOptions  # noqa: PLC0415
 
                 kw["health"] = GpuHealthOptions.from_config(o.gpu_health)
             elif o.gpu_health is not None:

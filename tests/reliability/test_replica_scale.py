@@ -31,9 +31,9 @@ from topo_testkit import pythonpath_env
 
 from plugin.api import api_pb2
 from plugin.config.sharing import MAX_REPLICAS, TimeSlicing, SharedResource
-from plugin.daemon import Daemon, DaemonOptions
+from plugin.runtime.daemon import Daemon, DaemonOptions
 from plugin.demo.kubelet_standin import KubeletStandin
-from plugin.resources import ResourceOptions
+from plugin.model.resources import ResourceOptions
 from plugin.sources.simulated import builtin_text
 from plugin.sources.simulated.source import SimulatedSource
 
@@ -246,7 +246,7 @@ async def test_rpcs_are_answered_while_a_large_rebuild_runs(plugin_dir, tmp_path
     """The rebuild after a live edit (of the config, or of the node) runs in a thread: GetDevicePluginOptions
     is answered between its start and its end, in the daemon's own order of events (one log, one process)."""
     caplog.set_level(logging.INFO, logger="test.rpc")
-    caplog.set_level(logging.DEBUG, logger="plugin.daemon")  # last: it sets the capture's level too
+    caplog.set_level(logging.DEBUG, logger="plugin.runtime.daemon")  # last: it sets the capture's level too
     answered = logging.getLogger("test.rpc")
     config = tmp_path / "config.yaml"
     config.write_text(config_text(PER_GPU))

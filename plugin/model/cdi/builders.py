@@ -9,7 +9,7 @@ one CDI device per *physical* device behind the resource's IDs:
   `/dev/nvidiactl`, and `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`
   where the host has them. No env by default (`CdiOptions.gpu_env`): what
   `NVIDIA_VISIBLE_DEVICES` says is decided per container by Allocate
-  (`plugin.gpu_allocate`): the GPU IDs with the `envvar` strategy, so that
+  (`plugin.model.gpu_allocate`): the GPU IDs with the `envvar` strategy, so that
   NVIDIA's runtime hook, where it is what mounts the driver libraries, adds
   them for exactly these GPUs; `void` with CDI strategies alone, so that the
   hook adds nothing (not even the `all` CUDA images set). A spec-wide env

@@ -21,10 +21,10 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..errors import RuntimeFailure
+from ...errors import RuntimeFailure
 from .writer import CdiSpecWriter, CdiWriteError
 
-if TYPE_CHECKING:  # the resource layer imports plugin.cdi
+if TYPE_CHECKING:  # the resource layer imports plugin.model.cdi
     from ..resources import Resource
 
 log = logging.getLogger(__name__)
