@@ -35,9 +35,9 @@ from allocator.topology import Device, DeviceKind
 
 from .allocate_response import ContainerAllocation, DeviceNode
 from .cdi_names import add_names, uses_cdi
+from ..config.flags import DEVICE_LIST_STRATEGIES
 from ..errors import OptionError
 
-DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 CDI_SPEC_MODES = ("write", "external")
 _CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 #: `Device.attributes` key of a MIG device's capability nodes (comma-separated `/dev/nvidia-caps/...`).
