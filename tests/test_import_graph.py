@@ -214,3 +214,20 @@ def test_subpackages_import_one_way():
     assert {"plugin.runtime", "plugin.serving", "plugin.model", "plugin.sources"} <= set(layers)
     found = cycles(layers)
     assert not found, "\n".join(describe(c, layers) for c in found)
+
+
+def test_the_subpackage_table_of_the_architecture_doc_is_the_import_order():
+    """docs/architecture.md lists the subpackages top-down; every import between them goes down that list."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Subpackages", 1)[1].split("\n## ", 1)[0]
+    listed = [m.rstrip("/").removesuffix(".py").replace("/", ".")
+              for m in re.findall(r"^\| `(plugin/[^`]+)` \|", section, re.M)]
+    rank = {name: n for n, name in enumerate(listed)}
+    layers = package_graph(import_graph())
+    subpackages = {a for a in layers if a.startswith("plugin.") and a != "plugin.__main__"}
+    assert subpackages <= set(rank), f"not in the table: {sorted(subpackages - set(rank))}"
+    upward = [f"{a} imports {b} (listed above it)" for a, edges in layers.items() if a in rank
+              for b in edges if b in rank and rank[b] < rank[a]]
+    assert not upward, "\n".join(upward)
