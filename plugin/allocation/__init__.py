@@ -1,1 +1,1 @@
-"""The allocation service: preferred answers under a deadline on a search pool, GPU–NIC pairing groups, pod-resources."""
+"""The allocation service: preferred answers on a search pool under a deadline, GPU–NIC pairing, pod-resources."""

@@ -1,1 +1,1 @@
-"""The resource model: a topology turned into served resources and what a container gets (GPU/NIC answers, sharing, MIG, CDI)."""
+"""The resource model: resources from a topology, and what a container gets (GPU/NIC, sharing, MIG, CDI)."""

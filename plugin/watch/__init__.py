@@ -1,1 +1,1 @@
-"""Watching the node: a file through inotify, GPU health through NVML events, and the cancellation-safe wait they share."""
+"""Watching the node: files through inotify, GPU health through NVML events, and a cancellation-safe wait."""

@@ -7,8 +7,8 @@ import pathlib
 
 import pytest
 
-from plugin.model.cdi import CDI_VERSION, CdiDevice, CdiError, CdiOptions, CdiSpec, DeviceNode, Edits, kind_for_resource, \
-    names_for, spec_for_resource
+from plugin.model.cdi import CDI_VERSION, CdiDevice, CdiError, CdiOptions, CdiSpec, DeviceNode, Edits, \
+    kind_for_resource, names_for, spec_for_resource
 from plugin.model.cdi.builders import nic_nodes
 from plugin.model.cdi.nodes import NodeResolver
 from plugin.model.cdi.spec import device_name

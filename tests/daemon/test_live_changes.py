@@ -190,7 +190,8 @@ async def test_two_updates_finishing_in_reverse_order_leave_the_servers_on_the_n
     assert [t for t, _ in slow.calls] == [older, newer]
     assert daemon.topology is newer
     await kubelet.wait_for(lambda: unhealthy(kubelet, GPU) == {"1"}, timeout=30)
-    assert [d.health for d in daemon.servers[GPU].service.resource.devices] == ["Healthy", UNHEALTHY, "Healthy", "Healthy"]
+    served = daemon.servers[GPU].service.resource.devices
+    assert [d.health for d in served] == ["Healthy", UNHEALTHY, "Healthy", "Healthy"]
 
 
 async def test_a_burst_during_a_slow_build_builds_the_latest_only(serving, monkeypatch):

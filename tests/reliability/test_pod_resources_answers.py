@@ -77,7 +77,8 @@ async def test_an_over_cap_answer_is_refused_and_the_other_resource_is_served_me
     # The answer was refused, so the partners were not checked: they are the call sequence's, and
     # the request is answered with them (GPU 3's own NIC), as without --pod-resources.
     assert got == ["mlx5_3"]
-    refusals = [r for r in caplog.records if r.name == "plugin.allocation.pod_resources" and "refused" in r.getMessage()]
+    refusals = [r for r in caplog.records
+                if r.name == "plugin.allocation.pod_resources" and "refused" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].levelno == logging.WARNING
     message = refusals[0].getMessage()
     assert f"over the cap of {MAX_ANSWER_BYTES} bytes" in message
