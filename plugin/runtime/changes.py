@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from allocator import NodeTopology
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("plugin.runtime.daemon")  # the daemon's logger (see supervisor.py)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ from ..serving.registration import KUBELET_SOCKET, RegistrationError, SocketIden
 from ..serving.server import ResourceServer
 from .options import DaemonOptions
 
-log = logging.getLogger(__name__)
+#: The daemon's own logger: what operators filter on (`plugin.runtime.daemon`) does not change with the
+#: module of the runtime that writes a line.
+log = logging.getLogger("plugin.runtime.daemon")
 
 
 class _Retry:
