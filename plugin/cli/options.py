@@ -21,11 +21,11 @@ from click.core import ParameterSource
 
 from ..config import Config, ConfigError, load_config
 from ..config.flags import BY_DEST, Option, options_for, restart_needed
-from ..gpu_allocate import GpuAllocateOptions
-from ..http_server import parse_address
-from ..nic_pools import NicPool, parse_pools
-from ..resources import ResourceOptions
-from ..serving_modes import check_modes
+from ..model.gpu_allocate import GpuAllocateOptions
+from ..observability.http_server import parse_address
+from ..model.nic_pools import NicPool, parse_pools
+from ..model.resources import ResourceOptions
+from ..model.serving_modes import check_modes
 from ..sources.base import TopologySource
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gpu_allocate import DEVICE_LIST_STRATEGIES
+#: How Allocate may name GPUs (`--device-list-strategy`); declared here, with the option, so that the
+#: answers that follow it (`plugin.model.gpu_allocate`) import it downward: config imports no runtime module.
+DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 
 #: Commands that read the options shared by every command that looks at a node.
 NODE_COMMANDS = frozenset({"serve", "discover", "demo", "allocate", "explain"})

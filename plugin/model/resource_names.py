@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import OptionError
+from ..errors import OptionError
 
 # `domain/name`, not in kubernetes.io (the kubelet's IsExtendedResourceName).
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
