@@ -21,7 +21,7 @@ from allocator.topology import UNHEALTHY, NodeTopology
 from daemon_testlib import until
 
 import plugin.runtime.daemon as daemon_module
-from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit.kubelet_standin import KubeletStandin
 from plugin.model.resources import ResourceOptions
 from plugin.runtime.changes import ConfigReload, LiveChanges, TopologyUpdate
 from plugin.runtime.daemon import Daemon, DaemonOptions
