@@ -274,7 +274,7 @@ NO_PARTNERS = Partners()
 
 
 class PairingMember(Protocol):
-    """One advertised device of a resource (`plugin.resources.ResourceDevice` is one)."""
+    """One advertised device of a resource (`plugin.model.resources.ResourceDevice` is one)."""
 
     @property
     def id(self) -> str: ...

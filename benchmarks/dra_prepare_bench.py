@@ -46,7 +46,7 @@ from kubelet_standin import register, registration_sockets  # noqa: E402
 
 from plugin.api.dra.v1 import api_pb2 as dra_pb2  # noqa: E402
 from plugin.api.dra.v1 import api_pb2_grpc as dra_grpc  # noqa: E402
-from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
+from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
 
 NODE, DRIVER, NIC = "node-a", "topo.dev", "topo.dev/nic"
 

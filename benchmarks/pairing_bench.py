@@ -17,7 +17,7 @@ once the servers are wired).
    manager is modelled (`KubeletNode`: per container, resources in random
    order, `devicesToAllocate` with random fill order, Topology Manager policy
    `none`), calling the allocator through the call-sequence tracker
-   (`plugin.pairing_groups`) and `PairingIndex`. Nodes: the three above and
+   (`plugin.allocation.pairing_groups`) and `PairingIndex`. Nodes: the three above and
    the platforms of docs/platforms.md (hgx-b200; gb200-cx7 and gb300-cx8-dd,
    where the PCIe path says NODE and only the GPU–NIC complex names a GPU's
    NIC). Reported: the share of GPUs whose container has a close NIC for it
@@ -59,8 +59,8 @@ from allocator.topologymanager.device_hints import DeviceInfo  # noqa: E402
 from allocator.topologymanager.devices_to_allocate import devices_to_allocate  # noqa: E402
 from allocator.topologymanager.hint import TopologyHint  # noqa: E402
 from allocator_bench import pct, table, timed  # noqa: E402
-from plugin.pairing_groups import PairingGroups  # noqa: E402
-from plugin.resources import Resource, ResourceOptions, build_resources  # noqa: E402
+from plugin.allocation.pairing_groups import PairingGroups  # noqa: E402
+from plugin.model.resources import Resource, ResourceOptions, build_resources  # noqa: E402
 from plugin.sources.simulated import load_simulated  # noqa: E402
 
 NODES = ("dgx-h100", "dgx-a100", "dgx-2-v100")

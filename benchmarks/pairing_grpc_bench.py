@@ -53,7 +53,7 @@ from allocator_bench import pct, table  # noqa: E402
 from pairing_bench import churn  # noqa: E402
 from topo_testkit.device_manager import StandinDeviceManager, pod  # noqa: E402
 from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
-from plugin.resources import ResourceOptions, build_resources  # noqa: E402
+from plugin.model.resources import ResourceOptions, build_resources  # noqa: E402
 from plugin.sources.simulated import load_simulated  # noqa: E402
 from topo_testkit import pythonpath_env  # noqa: E402
 from topo_testkit.pairing_oracle import LoggedCall, oracle_for, spec_partners  # noqa: E402

@@ -95,7 +95,7 @@ def _serve(path: str, answer: bytes, ready) -> None:
 
 
 async def _stall(path: str) -> tuple[float, float, str]:
-    from plugin.pod_resources import PodResourcesReader
+    from plugin.allocation.pod_resources import PodResourcesReader
 
     reader = PodResourcesReader(path, timeout_s=10.0)
     gaps = [0.0]

@@ -23,7 +23,7 @@ from allocator.request import Allocation, AllocationError, AllocationRequest
 from allocator.scoring import evaluate, rank
 from allocator.topology import DeviceGraph, NodeTopology
 
-from ..resources import Resource, build_resources
+from ..model.resources import Resource, build_resources
 from .options import Settings, make_source, option, resource_options, with_settings
 from .routing import Command
 

@@ -21,11 +21,11 @@ import click
 from allocator.pairing import pair_label
 from allocator.topology import DeviceKind
 
-from ..daemon import Daemon, DaemonOptions
+from ..runtime.daemon import Daemon, DaemonOptions
 from ..demo.device_manager import StandinDeviceManager, pod
 from ..demo.kubelet_standin import KubeletStandin
-from ..logging_setup import setup_logging
-from ..render import plural
+from ..observability.logging_setup import setup_logging
+from ..model.render import plural
 from .options import Settings, make_source, option, resource_options, with_settings
 from .routing import Command
 

@@ -7,8 +7,8 @@ import json
 import click
 import yaml
 
-from ..render import render_dot, render_table, to_data
-from ..resources import build_resources
+from ..model.render import render_dot, render_table, to_data
+from ..model.resources import build_resources
 from ..sources import builtin_names
 from ..sources.simulated import builtin_text
 from .options import Settings, make_source, option, resource_options, with_settings

@@ -39,8 +39,8 @@ from allocator.topologymanager import explain as run_explain
 
 from allocator.topology import DeviceKind, NodeTopology
 
-from ..pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
-from ..resources import Resource
+from ..allocation.pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
+from ..model.resources import Resource
 from .allocate import (
     check_ids,
     id_hint,

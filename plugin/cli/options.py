@@ -22,12 +22,12 @@ from click.core import ParameterSource
 from ..config import Config, ConfigError, load_config
 from ..config.flags import BY_DEST, KIND_FIX, Option, options_for, restart_needed
 from ..errors import OptionError
-from ..gpu_allocate import GpuAllocateOptions
-from ..http_server import parse_address
-from ..nic_pools import NicPool, parse_pools
-from ..resource_names import check_resource_name
-from ..resources import ResourceOptions
-from ..serving_modes import check_modes
+from ..model.gpu_allocate import GpuAllocateOptions
+from ..observability.http_server import parse_address
+from ..model.nic_pools import NicPool, parse_pools
+from ..model.resource_names import check_resource_name
+from ..model.resources import ResourceOptions
+from ..model.serving_modes import check_modes
 from ..sources.base import TopologySource
 
 log = logging.getLogger(__name__)

@@ -10,10 +10,10 @@ import click
 
 from allocator.topology import Device
 
-from ..daemon import Daemon, DaemonOptions, DraFactory, DraSide
+from ..runtime.daemon import Daemon, DaemonOptions, DraFactory, DraSide
 from ..errors import InputError, RuntimeFailure
-from ..logging_setup import setup_logging
-from ..pod_resources import socket_path
+from ..observability.logging_setup import setup_logging
+from ..allocation.pod_resources import socket_path
 from .options import Settings, make_source, option_source, resource_options, resource_reloader, with_settings
 from .routing import Command
 

@@ -5,7 +5,7 @@ pod with a message naming the file, the field and the fix, not surface later
 as a resource that silently never appears. Precedence of option values:
 flag > TOPO_DP_<OPTION> environment > this file's `flags:` > default. The
 schema of `flags:` comes from the option declarations (`flags.py`), the rest
-from `config-v1.json`. Reading is bounded (`plugin.yaml_input`): 1 MiB, no
+from `config-v1.json`. Reading is bounded (`plugin.inputs.yaml_input`): 1 MiB, no
 aliases, limited nesting.
 """
 
@@ -18,7 +18,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from .. import yaml_input
+from ..inputs import yaml_input
 from ..errors import InputError
 from . import nvidia
 from .flags import OPTIONS, flags_schema

@@ -7,8 +7,9 @@ precedence step, the JSON schema of the config file's `flags:` section, the
 `config.flags` part of the chart's `values.schema.json` and the options table
 in docs/configuration.md are all derived from `OPTIONS`, so adding an option
 is one declaration here (plus its use), then `python scripts/options_docs.py`
-to rewrite the two generated files (a test fails while they are stale). NVIDIA's plugin does the same with one
-typed flags struct (`api/config/v1/flags.go`).
+to rewrite the two generated files (a test fails while they are stale).
+NVIDIA's plugin does the same with one typed flags struct
+(`api/config/v1/flags.go`).
 
 Each option says what it feeds (`Target`), and whether a config reload
 applies it follows from that (`Option.live`), never from a hand-set flag: a
@@ -31,7 +32,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ..gpu_allocate import DEVICE_LIST_STRATEGIES
+#: How Allocate may name GPUs (`--device-list-strategy`); declared here, with the option, so that the
+#: answers that follow it (`plugin.model.gpu_allocate`) import it downward: config imports no runtime module.
+DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 
 #: Commands that read the options shared by every command that looks at a node.
 NODE_COMMANDS = frozenset({"serve", "discover", "demo", "allocate", "explain"})
@@ -48,7 +51,7 @@ KINDS = ("text", "choice", "choice-list", "list", "number", "bool", "address", "
 
 #: An extended resource name the kubelet accepts in Register (its IsExtendedResourceName): `<domain>/<name>`,
 #: the domain a DNS subdomain of at most 253 characters, the name at most 63. A plain pattern (no look-ahead):
-#: the daemon checks it with Python's `re` (`plugin.resource_names`), helm the chart's schema with Go's RE2.
+#: the daemon checks it with Python's `re` (`plugin.model.resource_names`), helm the chart's schema with Go's RE2.
 RESOURCE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 RESOURCE_NAME_MAX = 253 + 1 + 63
 #: Names the kubelet keeps for itself (searched anywhere in the name).

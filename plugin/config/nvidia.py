@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from ..yamlpath import line_of
+from ..inputs.yamlpath import line_of
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ rules (at least one resource, `replicas >= 2`, `devices` is `all`, a count > 0
 or a list of GPU indexes, MIG indexes `<gpu>:<mig>` and UUIDs); this module
 keeps what the resource layer needs, with the file and line of each entry so
 a rule that can only be checked against the node's devices (in
-`plugin.time_slicing`) still names the place to fix.
+`plugin.model.time_slicing`) still names the place to fix.
 
 Where we differ from NVIDIA: `rename` and `devices` are honoured (NVIDIA
 parses them but ignores them with a "not yet supported" warning),
@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from ..errors import InputError
-from ..yamlpath import line_of
+from ..inputs.yamlpath import line_of
 
 #: Suffix `renameByDefault` appends, as NVIDIA's `DefaultSharedRename`.
 SHARED_SUFFIX = ".shared"
@@ -37,7 +37,7 @@ NVIDIA_DOMAIN = "nvidia.com"
 #: receive limit (4 MiB); the kubelet's device-plugin client sets no other (its `dial` passes only
 #: the authority, credentials, blocking and the unix dialer).
 KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-#: The largest request the daemon reads (`plugin.server.MAX_REQUEST_BYTES`, which keeps hostile
+#: The largest request the daemon reads (`plugin.serving.server.MAX_REQUEST_BYTES`, which keeps hostile
 #: requests from costing memory); repeated here because this module must not import the server.
 DAEMON_MAX_REQUEST_BYTES = 1 << 20
 #: The most time-slicing replicas one resource may advertise, and the node in all.

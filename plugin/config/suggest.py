@@ -16,7 +16,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from ..yamlpath import field_path
+from ..inputs.yamlpath import field_path
 
 
 def _resolve(root: Mapping[str, Any], schema: Any) -> Any:

@@ -1,6 +1,6 @@
 """CDI spec files for prepared claims: the interface the DRA side needs, and the writer behind it.
 
-The specs are built and written by the product's one CDI layer (`plugin.cdi`):
+The specs are built and written by the product's one CDI layer (`plugin.model.cdi`):
 `claim_spec` gives each device the same device nodes the device-plugin side
 would inject for it, and `CdiSpecWriter` writes atomically (temporary file,
 fsync, rename, directory fsync). Two calls are all the driver needs:
@@ -39,8 +39,8 @@ from typing import Protocol
 
 from allocator.topology import Device, DeviceKind
 
-from ..cdi import CdiOptions, CdiSpecWriter, claim_spec
-from ..cdi.writer import CdiWriteError
+from ..model.cdi import CdiOptions, CdiSpecWriter, claim_spec
+from ..model.cdi.writer import CdiWriteError
 from ..errors import RuntimeFailure, shorten
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def device_env(name: str, d: Device) -> list[str]:
     """What a container learns about each of its claim's devices (GPU UUID, NIC PCI address and netdev).
 
     A GPU's value is the `uuid` its slice publishes: `d` comes from `slices.device_table`, which
-    gives every GPU that UUID (`plugin.identity`), also a simulated one without its own.
+    gives every GPU that UUID (`plugin.model.identity`), also a simulated one without its own.
     """
     key = _ENV_BAD.sub("_", name).upper()
     if d.kind in (DeviceKind.GPU, DeviceKind.MIG):
@@ -100,7 +100,7 @@ def device_env(name: str, d: Device) -> list[str]:
 
 
 class ClaimSpecs:
-    """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.cdi`."""
+    """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.model.cdi`."""
 
     def __init__(self, cdi_root: str, driver: str = "topo.dev", options: CdiOptions | None = None):
         self.kind = f"{driver}/claim"

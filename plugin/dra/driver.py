@@ -35,7 +35,7 @@ import grpc
 from allocator.topology import NodeTopology
 
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from ..cdi import CdiOptions
+from ..model.cdi import CdiOptions
 from .cdi import ClaimCdi, ClaimSpecs
 from .checkpoint import ClaimCheckpoint
 from .paths import DraPaths, new_instance_id

@@ -153,14 +153,8 @@ class ClaimPreparer:
             self.calls -= 1
 
     async def _prepare_many(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
-        out: dict[str, Outcome] = {}
-        todo = []
-        for ref in refs:
-            try:
-                _check_ref(ref)
-                todo.append(ref)
-            except PrepareError as e:
-                out[ref.uid] = e
+        out: dict[str, Outcome]
+        out, todo = _complete_refs(refs)
         if not todo:
             return out
         known = await self.checkpoint.read()
@@ -281,14 +275,8 @@ class ClaimPreparer:
         """Unprepare the claims of one call, a batch per checkpoint write; None per claim that is done."""
         self.calls += 1
         try:
-            out: dict[str, Exception | None] = {}
-            todo = []
-            for ref in refs:
-                try:
-                    _check_ref(ref)
-                    todo.append(ref)
-                except PrepareError as e:
-                    out[ref.uid] = e
+            out: dict[str, Exception | None]
+            out, todo = _complete_refs(refs)
             for batch in _batches(todo, self.limits.batch):
                 out.update(await self.checkpoint.update(lambda claims, batch=batch: self._drop(claims, batch)))
             return out
@@ -315,7 +303,14 @@ def _stopping() -> PrepareError:
                         "with the next instance")
 
 
-def _check_ref(ref: ClaimRef) -> None:
-    missing = [f for f in ("namespace", "uid", "name") if not getattr(ref, f)]
-    if missing:
-        raise PrepareError(f"claim {ref.namespace}/{ref.name}: {', '.join(missing)} must be set")
+def _complete_refs(refs: Sequence[ClaimRef]) -> tuple[dict, list[ClaimRef]]:
+    """({uid: PrepareError} for the claims the kubelet named incompletely, the others to work on)."""
+    refused: dict = {}
+    todo: list[ClaimRef] = []
+    for ref in refs:
+        missing = [f for f in ("namespace", "uid", "name") if not getattr(ref, f)]
+        if missing:
+            refused[ref.uid] = PrepareError(f"claim {ref.namespace}/{ref.name}: {', '.join(missing)} must be set")
+        else:
+            todo.append(ref)
+    return refused, todo

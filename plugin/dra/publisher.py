@@ -32,7 +32,7 @@ from typing import Any
 
 from allocator.topology import NodeTopology
 
-from ..event_wait import wait_event
+from ..watch.event_wait import wait_event
 from .slices import SliceOptions, build_resource_slices
 
 log = logging.getLogger(__name__)

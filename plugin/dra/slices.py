@@ -41,7 +41,7 @@ from typing import Any
 
 from allocator.topology import Device, DeviceKind, NodeTopology
 
-from ..identity import device_uuid
+from ..model.identity import device_uuid
 from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
 
 API_VERSION = "resource.k8s.io/v1"
@@ -290,7 +290,7 @@ def build_resource_slices(
 def device_table(topology: NodeTopology, options: SliceOptions) -> dict[str, Device]:
     """{slice device name: Device} for the devices this driver serves (healthy or not).
 
-    Every GPU carries the UUID its slice publishes (`plugin.identity`), also a simulated one that
+    Every GPU carries the UUID its slice publishes (`plugin.model.identity`), also a simulated one that
     has none of its own: what prepare puts in the container must be what a claim selected on.
     """
     return {device_name(d): _with_uuid(topology, d) for d in topology.devices if options.include(d)}

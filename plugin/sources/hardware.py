@@ -21,7 +21,7 @@ name a CPU-less node, the nearest node with CPUs (by `distance`) stands in
 (`cpu_numa_map`), so a GPU-memory node never becomes a TopologyInfo.
 
 With `fabric_labels_file` set, the GPUs' NVLink fabric clique is kept in a
-Node Feature Discovery feature file (`plugin.fabric_labels`): after every
+Node Feature Discovery feature file (`plugin.sources.fabric_labels`): after every
 discovery and rescan, and a GPU health change asks for a rescan so a fabric
 that changed state is seen.
 
@@ -55,7 +55,7 @@ from .sysfs_nics import NicInventory, discover_nics, link_states
 from .udev_hotplug import SUBSYSTEMS, HotplugWatcher, MonitorFactory, UdevMonitor
 
 if TYPE_CHECKING:
-    from ..fabric_labels import FabricLabelFile
+    from .fabric_labels import FabricLabelFile
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class HardwareOptions:
     nics: bool = True
     #: `NodeTopology.source`; default: the host name.
     node_name: str | None = None
-    #: GPU health: `plugin.health.GpuHealthOptions`, or the config's `gpus.health` mapping; None: defaults.
+    #: GPU health: `plugin.watch.health.GpuHealthOptions`, or the config's `gpus.health` mapping; None: defaults.
     gpu_health: Any = None
     #: NICs on a down link (the PF's, for VFs) are Unhealthy, and link changes trigger a rescan.
     nic_link_health: bool = False
@@ -211,7 +211,7 @@ class HardwareSource:
 
             kw: dict[str, Any] = {}
             if isinstance(o.gpu_health, Mapping):  # the config file's `gpus.health` section
-                from ..health import GpuHealthOptions  # noqa: PLC0415
+                from ..watch.health import GpuHealthOptions  # noqa: PLC0415
 
                 kw["health"] = GpuHealthOptions.from_config(o.gpu_health)
             elif o.gpu_health is not None:
@@ -225,7 +225,7 @@ class HardwareSource:
         self._warned: set[str] = set()
         self.labels: FabricLabelFile | None = None
         if o.fabric_labels_file:
-            from ..fabric_labels import FabricLabelFile  # noqa: PLC0415
+            from .fabric_labels import FabricLabelFile  # noqa: PLC0415
 
             self.labels = FabricLabelFile(o.fabric_labels_file)
 

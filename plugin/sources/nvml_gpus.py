@@ -54,7 +54,7 @@ from typing import Any
 
 from allocator.topology import HEALTHY, UNHEALTHY, Device, FabricInfo, DeviceKind, Link, LinkLevel, NodeTopology
 
-from ..health import GpuHealthOptions, watch_gpu_health
+from ..watch.health import GpuHealthOptions, watch_gpu_health
 from .base import Publish
 from ..errors import RuntimeFailure
 from .nvml_mig import CapsReader, ProfileCalls, discover_migs

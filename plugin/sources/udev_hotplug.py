@@ -32,7 +32,7 @@ from typing import Any
 
 from allocator.topology import NodeTopology
 
-from ..event_wait import wait_event
+from ..watch.event_wait import wait_event
 from .base import Publish
 
 log = logging.getLogger(__name__)

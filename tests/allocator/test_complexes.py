@@ -21,7 +21,7 @@ from allocator.pairing import PairingIndex, pair_weight
 from allocator.policies import get_policy
 from allocator.request import AllocationRequest
 from allocator.topology import ComplexKind, Device, DeviceKind, Link, NodeTopology
-from plugin.resources import Resource, ResourceOptions, build_resources
+from plugin.model.resources import Resource, ResourceOptions, build_resources
 from plugin.sources import builtin_names
 from plugin.sources.simulated import load_simulated
 

@@ -11,7 +11,7 @@ from allocator.pairing import PairingIndex, Partners
 from allocator.policies import get_policy
 from allocator.request import AllocationRequest
 from allocator.topology import Device, DeviceKind, Link, NodeTopology
-from plugin.resources import Resource, ResourceOptions, build_resources
+from plugin.model.resources import Resource, ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 
 from pairing_testlib import GPU_POLICIES, NIC_POLICIES, generated_node, paired_brute_force, paired_criteria

@@ -25,7 +25,7 @@ from allocator.pairing import PairingIndex, pairing_weight
 from allocator.policies import get_policy
 from allocator.request import AllocationRequest
 from allocator.topology import NodeTopology
-from plugin.resources import Resource, ResourceOptions, build_resources
+from plugin.model.resources import Resource, ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 
 from pairing_testlib import (

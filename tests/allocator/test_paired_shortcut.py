@@ -18,7 +18,7 @@ from allocator.policies import get_policy
 from allocator.policies.paired import PairedProblem, forced_pairing
 from allocator.policies.problem import Problem
 from allocator.request import AllocationRequest
-from plugin.resources import ResourceOptions, build_resources
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 
 from pairing_testlib import generated_node, paired_brute_force, paired_criteria

@@ -1,7 +1,7 @@
 """Simulated nodes for the CDI tests: built-ins, time-sliced GPUs, MIG devices and RDMA/vfio NICs.
 
 The NIC and MIG devices carry the attributes discovery records (see
-plugin/sources/sysfs_nics.py ATTRIBUTES, and plugin/cdi/builders.py for MIG).
+plugin/sources/sysfs_nics.py ATTRIBUTES, and plugin/model/cdi/builders.py for MIG).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from allocator.subdevices import replica_graph, replica_id
 from allocator.topology import Device, DeviceGraph, DeviceKind
-from plugin.resources import Resource, ResourceDevice, ResourceOptions, build_resources
+from plugin.model.resources import Resource, ResourceDevice, ResourceOptions, build_resources
 from plugin.config import parse_config
 from plugin.sources.nvml_gpus import NvmlGpuSource
 from plugin.sources.simulated import load_simulated

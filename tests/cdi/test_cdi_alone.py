@@ -13,9 +13,9 @@ import pathlib
 
 import pytest
 
-from plugin.cdi.sync import SpecSync
-from plugin.gpu_allocate import GpuAllocateOptions
-from plugin.resources import Resource, ResourceOptions, build_resources
+from plugin.model.cdi.sync import SpecSync
+from plugin.model.gpu_allocate import GpuAllocateOptions
+from plugin.model.resources import Resource, ResourceOptions, build_resources
 from plugin.sources.hardware import hardware_source_from_options
 from topo_testkit.fake_nvml import gpu_node_on_disk
 

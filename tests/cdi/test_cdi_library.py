@@ -17,7 +17,7 @@ import pathlib
 
 import pytest
 
-from plugin.cdi import CdiOptions, CdiSpecWriter, names_for, spec_for_resource
+from plugin.model.cdi import CdiOptions, CdiSpecWriter, names_for, spec_for_resource
 
 from cdi_nodes import BUILTINS, TIME_SLICED, mig_resource, nic_resource, resources_of, served, served_by_nvml, \
     time_sliced
@@ -141,7 +141,7 @@ def test_conflicting_devices_in_one_directory_are_dropped_by_the_runtime(cdi_val
                                   "a_b.c", "x y"])
 def test_our_name_rule_is_the_librarys(cdi_validator, tmp_path: pathlib.Path, name: str) -> None:
     """`CdiDevice` refuses a device name exactly when the CDI library does."""
-    from plugin.cdi import CdiDevice, CdiError, DeviceNode, Edits
+    from plugin.model.cdi import CdiDevice, CdiError, DeviceNode, Edits
 
     edits = Edits((DeviceNode("/dev/null", major=1, minor=3),))
     try:
@@ -157,7 +157,7 @@ def test_our_name_rule_is_the_librarys(cdi_validator, tmp_path: pathlib.Path, na
 
 def test_a_one_character_class_crashes_the_library_so_we_never_write_one(cdi_validator, tmp_path) -> None:
     """Why `CdiSpec` wants two characters in vendor and class (and `kind_for_resource` pads)."""
-    from plugin.cdi import CdiDevice, CdiError, CdiSpec, DeviceNode, Edits, kind_for_resource
+    from plugin.model.cdi import CdiDevice, CdiError, CdiSpec, DeviceNode, Edits, kind_for_resource
 
     doc = {"cdiVersion": "0.5.0", "kind": "topo-dp.example.com/x",
            "devices": [{"name": "GPU-1", "containerEdits": {"env": ["A=1"]}}]}
@@ -171,7 +171,7 @@ def test_a_one_character_class_crashes_the_library_so_we_never_write_one(cdi_val
 
 
 def test_dra_claim_specs_pass_the_cdi_library_beside_the_device_plugin_specs(cdi_validator, tmp_path) -> None:
-    """The DRA side's one-spec-per-claim files (plugin.dra.cdi, written through plugin.cdi) load in one
+    """The DRA side's one-spec-per-claim files (plugin.dra.cdi, written through plugin.model.cdi) load in one
     directory with the device-plugin side's specs, and the IDs prepare returns inject the claim's devices."""
     from allocator.topology import DeviceKind
     from plugin.dra.cdi import ClaimSpecs

@@ -20,10 +20,10 @@ from click.testing import CliRunner
 
 from plugin.cli import cli
 from plugin.config import parse_config
-from plugin.daemon import Daemon, DaemonOptions
+from plugin.runtime.daemon import Daemon, DaemonOptions
 from topo_testkit.kubelet_standin import KubeletStandin
-from plugin.gpu_allocate import GpuAllocateOptions
-from plugin.resources import ResourceOptions
+from plugin.model.gpu_allocate import GpuAllocateOptions
+from plugin.model.resources import ResourceOptions
 from plugin.sources.simulated import builtin_text
 from plugin.sources.simulated.source import SimulatedSource
 
@@ -182,7 +182,7 @@ def test_serve_stops_with_the_fix_when_the_spec_directory_cannot_be_written(tmp_
 @pytest.mark.parametrize("strategy", ["cdi-cri", "cdi-annotations"])
 def test_external_specs_keep_the_vendor_names(strategy):
     """--cdi-specs external: names of a spec another tool wrote (nvidia-ctk), as before; nothing is written."""
-    from plugin.resources import build_resources
+    from plugin.model.resources import build_resources
     from plugin.sources.simulated import load_simulated
 
     o = ResourceOptions(gpu_allocate=GpuAllocateOptions(device_list_strategy=(strategy,), cdi_specs="external"))

@@ -7,11 +7,11 @@ import pathlib
 
 import pytest
 
-from plugin.cdi import CDI_VERSION, CdiDevice, CdiError, CdiOptions, CdiSpec, DeviceNode, Edits, kind_for_resource, \
-    names_for, spec_for_resource
-from plugin.cdi.builders import nic_nodes
-from plugin.cdi.nodes import NodeResolver
-from plugin.cdi.spec import device_name
+from plugin.model.cdi import CDI_VERSION, CdiDevice, CdiError, CdiOptions, CdiSpec, DeviceNode, Edits, \
+    kind_for_resource, names_for, spec_for_resource
+from plugin.model.cdi.builders import nic_nodes
+from plugin.model.cdi.nodes import NodeResolver
+from plugin.model.cdi.spec import device_name
 
 from cdi_nodes import mig_resource, nic_resource, resources_of, time_sliced
 
@@ -79,7 +79,7 @@ def test_gpus_by_uuid_and_by_index_with_nodes_and_env() -> None:
         node = by_name[rd.id].edits.device_nodes[0]
         assert (node.path, node.type, node.major, node.minor) == (f"/dev/nvidia{i}", "c", 195, i)
     assert len(spec.devices) == 2 * len(gpu.devices)
-    assert spec.edits.env == ()  # NVIDIA_VISIBLE_DEVICES is Allocate's business (plugin.gpu_allocate)
+    assert spec.edits.env == ()  # NVIDIA_VISIBLE_DEVICES is Allocate's business (plugin.model.gpu_allocate)
     assert spec.edits.device_nodes[0].path == "/dev/nvidiactl"
 
 

@@ -436,7 +436,7 @@ def test_values_schema_flags_match_the_daemon_config_schema():
 
 
 # The daemon's NIC pool vocabulary, read through its public parser: an unknown key's error
-# lists the accepted keys, so renaming a constant inside plugin.nic_pools does not blind the
+# lists the accepted keys, so renaming a constant inside plugin.model.nic_pools does not blind the
 # check. What cannot be read fails the test and names what moved (never a skip).
 NIC_KEYS = """
 import json, re, sys
@@ -452,8 +452,8 @@ def accepted(raw):
 
 out = {"entry": accepted([{"resourceName": "a", "zzqqxx": 1, "selectors": {}}]),
        "selector": accepted([{"resourceName": "a", "selectors": {"zzqqxx": ["1"]}}]),
-       "linkTypes": list(getattr(n, "LINK_TYPES", []) or []) or "plugin.nic_pools.LINK_TYPES",
-       "policies": list(getattr(n, "POLICIES", []) or []) or "plugin.nic_pools.POLICIES"}
+       "linkTypes": list(getattr(n, "LINK_TYPES", []) or []) or "plugin.model.nic_pools.LINK_TYPES",
+       "policies": list(getattr(n, "POLICIES", []) or []) or "plugin.model.nic_pools.POLICIES"}
 
 def parses(raw):
     try:
@@ -487,7 +487,7 @@ def test_values_schema_nic_pools_match_the_daemon():
     link_enum = _schema_at(selector, "linkTypes", "items", "enum")
     policy_enum = _schema_at(resource, "allocationPolicy", "enum")
     proc = _daemon_python(NIC_KEYS, json.dumps(link_enum), json.dumps(policy_enum))
-    assert proc.returncode == 0, f"cannot read the daemon's NIC pool keys (plugin.nic_pools moved?):\n{proc.stderr}"
+    assert proc.returncode == 0, f"cannot read the daemon's NIC pool keys (plugin.model.nic_pools moved?):\n{proc.stderr}"
     daemon = json.loads(proc.stdout)
     moved = {k: v for k, v in daemon.items() if isinstance(v, str)}
     assert not moved, f"the daemon's NIC pool vocabulary is not where this check reads it: {moved}"

@@ -3,7 +3,6 @@ missing, and "did you mean" for a mistyped config key at any level of the file."
 
 from __future__ import annotations
 
-import os
 import pathlib
 import signal
 import subprocess

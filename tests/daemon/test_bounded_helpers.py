@@ -10,8 +10,8 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from allocator.request import brief_ids
-from plugin.ratelimited_log import RateLimitedLog, UndecodableRequestLog, reason_kind
-from plugin.search_pool import SearchPool
+from plugin.observability.ratelimited_log import RateLimitedLog, UndecodableRequestLog, reason_kind
+from plugin.allocation.search_pool import SearchPool
 
 
 class _Clock:

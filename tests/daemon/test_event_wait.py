@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from plugin.event_wait import wait_event
+from plugin.watch.event_wait import wait_event
 
 
 async def test_a_cancel_in_the_instant_the_event_is_set_still_cancels():
@@ -36,7 +36,7 @@ async def test_it_tells_a_set_event_from_a_timeout():
 async def test_a_file_watch_ends_when_cancelled_as_a_change_arrives(tmp_path):
     """The watcher of the node and config files, cancelled among a burst of edits, ends (the exact
     instant of the race is what the first test pins; this one checks the watcher uses it)."""
-    from plugin.filewatch import watch_file
+    from plugin.watch.filewatch import watch_file
 
     path = tmp_path / "node.yaml"
     path.write_text("a: 1\n")

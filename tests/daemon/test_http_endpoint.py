@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from plugin.health_endpoint import HealthServer
-from plugin.http_server import BoundedHTTPServer, HTTPLimits, HTTPResponse, parse_address
-from plugin.metrics import Metrics
+from plugin.observability.health_endpoint import HealthServer
+from plugin.observability.http_server import BoundedHTTPServer, HTTPLimits, HTTPResponse, parse_address
+from plugin.observability.metrics import Metrics
 from topo_testkit.idle_clients import closed_by_peer
 
 GPU = "nvidia.com/gpu"

@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from plugin.http_server import ACCEPT_BATCH, HTTPLimits
+from plugin.observability.http_server import ACCEPT_BATCH, HTTPLimits
 from topo_testkit.kubelet_standin import KubeletStandin
 from topo_testkit.idle_clients import closed_by_peer, connect_all, open_half_requests
 from topo_testkit.procfs import Footprint, footprint

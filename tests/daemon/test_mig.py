@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from plugin.api import api_pb2, api_pb2_grpc
-from plugin.daemon import Daemon, DaemonOptions
-from plugin.gpu_allocate import GpuAllocateOptions
-from plugin.health import GpuHealthOptions
-from plugin.resources import ResourceOptions
+from plugin.runtime.daemon import Daemon, DaemonOptions
+from plugin.model.gpu_allocate import GpuAllocateOptions
+from plugin.watch.health import GpuHealthOptions
+from plugin.model.resources import ResourceOptions
 from plugin.sources.hardware import hardware_source_from_options
 from plugin.sources.simulated import load_simulated
 from topo_testkit.fake_nvml import FakeNvml, gpu_node_on_disk

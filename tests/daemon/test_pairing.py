@@ -28,10 +28,10 @@ from topo_testkit.pairing_oracle import LoggedCall, Oracle, oracle_for, spec_par
 from topo_testkit.pod_resources_standin import PodResourcesStandin
 
 from plugin.api import api_pb2_grpc
-from plugin.daemon import Daemon, DaemonOptions
+from plugin.runtime.daemon import Daemon, DaemonOptions
 from topo_testkit.device_manager import StandinDeviceManager, pod
 from topo_testkit.kubelet_standin import KubeletStandin
-from plugin.resources import ResourceOptions, build_resources
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 from plugin.sources.simulated.source import SimulatedSource
 
@@ -267,7 +267,7 @@ async def test_a_config_reload_turns_pairing_off_and_on(kubelet, start_daemon, p
 async def test_with_pod_resources_the_spec_rule_still_holds(plugin_dir, caplog):
     """Init containers (not in List), reuse, random orders: List is read, and no real partner is dropped
     (every answer is still the spec's optimum with the partners the call sequence gives)."""
-    caplog.set_level(logging.INFO, logger="plugin.pod_resources")
+    caplog.set_level(logging.INFO, logger="plugin.allocation.pod_resources")
     socket = os.path.join(plugin_dir, "pr", "kubelet.sock")  # unix socket paths: 108 bytes at most
     async with node(plugin_dir, pod_resources_socket=socket) as (_, kubelet):
         dm = StandinDeviceManager(kubelet, random.Random(5))
@@ -316,14 +316,14 @@ async def test_pod_resources_drops_partners_of_a_container_that_already_holds_th
 
 
 async def test_a_missing_pod_resources_socket_is_one_info_line_and_pairing_goes_on(plugin_dir, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="plugin.pod_resources")
+    caplog.set_level(logging.INFO, logger="plugin.allocation.pod_resources")
     socket = str(tmp_path / "nowhere" / "kubelet.sock")
     async with node(plugin_dir, pod_resources_socket=socket) as (_, kubelet):
         dm = StandinDeviceManager(kubelet, random.Random(8), shuffle_resources=False)
         for n in range(3):
             got = await dm.admit(pod(f"p{n}", {GPU: 1, NIC: 1}, names=("c",)))
             assert pix_pairs(got["c"]) == 1
-    lines = [r for r in caplog.records if r.name == "plugin.pod_resources"]
+    lines = [r for r in caplog.records if r.name == "plugin.allocation.pod_resources"]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO and "not found" in lines[0].getMessage()
     assert not os.path.exists(socket)
 
@@ -331,7 +331,7 @@ async def test_a_missing_pod_resources_socket_is_one_info_line_and_pairing_goes_
 async def test_a_pod_resources_socket_that_does_not_answer_leaves_pairing_as_it_is(plugin_dir, caplog):
     """Something at the socket path that is no pod-resources server (here a plain file): one INFO
     line, the requests are answered with the call sequence's partners."""
-    caplog.set_level(logging.INFO, logger="plugin.pod_resources")
+    caplog.set_level(logging.INFO, logger="plugin.allocation.pod_resources")
     socket = os.path.join(plugin_dir, "pr", "kubelet.sock")
     os.makedirs(os.path.dirname(socket))
     with open(socket, "w") as f:
@@ -342,6 +342,6 @@ async def test_a_pod_resources_socket_that_does_not_answer_leaves_pairing_as_it_
             got = await dm.admit(pod(f"p{n}", {GPU: 2, NIC: 2}))
             assert pix_pairs(got["main"]) == 2
     check_calls(dm, None)
-    lines = [r for r in caplog.records if r.name == "plugin.pod_resources"]
+    lines = [r for r in caplog.records if r.name == "plugin.allocation.pod_resources"]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO, [r.getMessage() for r in lines]
     assert "cannot read pod-resources" in lines[0].getMessage()

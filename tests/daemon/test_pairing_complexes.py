@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator
 from daemon_testlib import GPU, NIC
 from topo_testkit.pairing_oracle import LoggedCall, oracle_for, spec_partners
 
-from plugin.daemon import Daemon, DaemonOptions
-from plugin.demo.device_manager import StandinDeviceManager, pod
-from plugin.demo.kubelet_standin import KubeletStandin
-from plugin.resources import ResourceOptions, build_resources
+from plugin.runtime.daemon import Daemon, DaemonOptions
+from topo_testkit.device_manager import StandinDeviceManager, pod
+from topo_testkit.kubelet_standin import KubeletStandin
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 from plugin.sources.simulated.source import SimulatedSource
 

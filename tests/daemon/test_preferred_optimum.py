@@ -16,7 +16,7 @@ import pytest
 from topo_testkit import SHARED_DIR
 
 from plugin.api import api_pb2, api_pb2_grpc
-from plugin.resources import ResourceOptions, build_resources
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources import builtin_names, load_topology
 
 GPU = "nvidia.com/gpu"

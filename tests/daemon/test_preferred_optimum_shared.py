@@ -19,7 +19,7 @@ import pytest
 from allocator.request import AllocationRequest
 from plugin.api import api_pb2, api_pb2_grpc
 from plugin.config import parse_config
-from plugin.resources import ResourceOptions, build_resources
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 from topo_testkit.nvidia_configs import TIME_SLICING
 

@@ -11,7 +11,7 @@ import time
 import yaml
 from daemon_testlib import GPU, NIC, until
 
-from plugin.signals import LoopSignals
+from plugin.runtime.signals import LoopSignals
 
 
 async def registered(kubelet, resource: str, timeout: float = 20.0) -> None:

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 
 from daemon_testlib import GPU, NIC, until
 
-from plugin.daemon import Daemon, DaemonOptions
+from plugin.runtime.daemon import Daemon, DaemonOptions
 from topo_testkit.kubelet_standin import KubeletStandin
-from plugin.registration import socket_identity
-from plugin.resources import ResourceOptions
+from plugin.serving.registration import socket_identity
+from plugin.model.resources import ResourceOptions
 from plugin.sources.simulated.source import SimulatedSource
 
 
@@ -103,7 +103,7 @@ def _metrics(daemon: Daemon) -> str:
 
 async def test_kubelet_sock_creation_alone_leads_to_register(plugin_dir, caplog):
     """With the slow poll an hour away, only the inotify event on kubelet.sock can trigger Register."""
-    caplog.set_level(logging.INFO, logger="plugin.daemon")
+    caplog.set_level(logging.INFO, logger="plugin.runtime.daemon")
     async with in_process_daemon(plugin_dir, kubelet_poll_s=3600.0):
         def serving_and_waiting() -> bool:
             sockets = [n for n in os.listdir(plugin_dir) if n.endswith(".sock")]

@@ -297,7 +297,7 @@ async def test_subrequests_of_a_prioritized_list_report_their_parent_request(sta
 @pytest.mark.parametrize("node", ["dgx-h100", "14-hgx-h100-8gpu-nv18-6nic-empty-cpu-affinity.txt"])
 async def test_a_simulated_gpu_without_a_uuid_is_named_in_the_container_by_its_published_uuid(
         node, start_driver, roots, apiserver, shared_topologies):
-    from plugin.resources import gpu_id
+    from plugin.model.resources import gpu_id
     from plugin.sources import load_topology
 
     path = next((p for p in shared_topologies if p.name == node), None)

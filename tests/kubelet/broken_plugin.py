@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
-from plugin import registration, server
+from plugin.serving import registration, server
 from plugin.cli import cli
 
 

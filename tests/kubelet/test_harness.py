@@ -12,7 +12,7 @@ deadlines.
 from __future__ import annotations
 
 import pytest
-from plugin.cdi import kind_for_resource
+from plugin.model.cdi import kind_for_resource
 from topo_testkit import SHARED_DIR
 from kubelet_testlib import (
     ADMISSION_PODS,

@@ -48,7 +48,7 @@ from kubelet_testlib import (
 from topo_testkit.pairing_oracle import oracle_for
 
 from allocator.topology import NodeTopology
-from plugin.resources import ResourceOptions, build_resources
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 
 pytestmark = pytest.mark.timeout(1500)

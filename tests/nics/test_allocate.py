@@ -6,9 +6,9 @@ import json
 import os
 
 from allocator.topology import NodeTopology
-from plugin.allocate_response import DeviceNode
-from plugin.nic_pools import go_json, parse_pools
-from plugin.resources import ResourceOptions, build_resources
+from plugin.model.allocate_response import DeviceNode
+from plugin.model.nic_pools import go_json, parse_pools
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.sysfs_nics import discover_nics
 from topo_testkit.sysfs_fixture import HostBridge, NicCard, NodeSpec, Port, Socket, Vf, write_node
 

@@ -16,12 +16,12 @@ import tempfile
 import pytest
 import yaml
 
-from plugin.daemon import Daemon, DaemonOptions
-from plugin.gpu_allocate import GpuAllocateOptions
-from plugin.health import GpuHealthOptions
+from plugin.runtime.daemon import Daemon, DaemonOptions
+from plugin.model.gpu_allocate import GpuAllocateOptions
+from plugin.watch.health import GpuHealthOptions
 from topo_testkit.kubelet_standin import KubeletStandin
-from plugin.nic_pools import parse_pools
-from plugin.resources import ResourceOptions
+from plugin.model.nic_pools import parse_pools
+from plugin.model.resources import ResourceOptions
 from plugin.sources.hardware import hardware_source_from_options
 from plugin.sources.udev_hotplug import UdevUnavailable
 from topo_testkit.sysfs_fixture import example_config, fake_nvml

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from allocator.topology import UNHEALTHY, DeviceKind, LinkLevel, NodeTopology
-from plugin.health import GpuHealthOptions
-from plugin.nic_pools import parse_pools
-from plugin.resources import ResourceOptions, build_resources
+from plugin.watch.health import GpuHealthOptions
+from plugin.model.nic_pools import parse_pools
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.errors import RuntimeFailure
 from plugin.sources.nvml_gpus import DiscoveryError
 from plugin.sources.hardware import hardware_source_from_options, read_numa

@@ -7,8 +7,8 @@ import yaml
 
 from allocator.topology import DeviceKind
 from plugin.config import ConfigError, parse_config
-from plugin.nic_pools import NicPoolError, env_var_name, parse_pool_specs, parse_pools, summarize
-from plugin.resources import ResourceOptions, build_resources
+from plugin.model.nic_pools import NicPoolError, env_var_name, parse_pool_specs, parse_pools, summarize
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.sysfs_nics import discover_nics
 from topo_testkit.sysfs_fixture import example_config
 

@@ -15,7 +15,7 @@ import pynvml
 import pytest
 
 from allocator.topology import HEALTHY, UNHEALTHY
-from plugin.health import DEFAULT_IGNORED_XIDS, Backoff, GpuHealthMonitor, GpuHealthOptions
+from plugin.watch.health import DEFAULT_IGNORED_XIDS, Backoff, GpuHealthMonitor, GpuHealthOptions
 from plugin.sources import load_simulated
 from topo_testkit.fake_nvml import FakeNvml
 from plugin.sources.nvml_gpus import NvmlGpuSource

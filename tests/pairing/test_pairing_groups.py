@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
+from plugin.allocation.pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
 
 GPU, NIC, NIC2 = "nvidia.com/gpu", "example.com/nic", "example.com/nic-b"
 

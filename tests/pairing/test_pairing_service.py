@@ -10,9 +10,9 @@ import pytest
 from topo_testkit.pod_resources_standin import PodResourcesStandin
 
 from topo_testkit.device_manager import StandinDeviceManager, pod
-from plugin.pairing_service import PairingService
-from plugin.pod_resources import PodResourcesReader
-from plugin.resources import ResourceOptions, build_resources
+from plugin.allocation.pairing_service import PairingService
+from plugin.allocation.pod_resources import PodResourcesReader
+from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 
 GPU, NIC = "nvidia.com/gpu", "topo.dev/nic"

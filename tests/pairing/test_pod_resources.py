@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from plugin.api.podresources.v1 import api_pb2
-from plugin.pod_resources import Holdings, drop_stale
+from plugin.allocation.pod_resources import Holdings, drop_stale
 
 GPU, NIC, NIC2 = "nvidia.com/gpu", "example.com/nic", "example.com/nic-b"
 

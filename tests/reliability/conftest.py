@@ -1,7 +1,8 @@
-"""The reliability suite uses the daemon tests' fixtures (a real daemon process, the kubelet stand-in).
+"""The reliability suite uses the daemon tests' fixtures (a real daemon process, the kubelet stand-in)
+and the DRA tests' stand-in API server.
 
-They are loaded from tests/daemon/conftest.py rather than copied, so both suites drive the
-daemon the same way.
+They are loaded from tests/daemon/conftest.py and tests/dra/conftest.py rather than copied, so the
+suites drive the daemon and the driver the same way.
 """
 
 from __future__ import annotations
@@ -20,3 +21,10 @@ _spec.loader.exec_module(_fixtures)
 plugin_dir = _fixtures.plugin_dir
 kubelet = _fixtures.kubelet
 start_daemon = _fixtures.start_daemon
+
+_DRA = pathlib.Path(__file__).resolve().parents[1] / "dra"
+_dra_spec = importlib.util.spec_from_file_location("dra_fixtures", _DRA / "conftest.py")
+_dra_fixtures = importlib.util.module_from_spec(_dra_spec)
+_dra_spec.loader.exec_module(_dra_fixtures)
+
+apiserver = _dra_fixtures.apiserver

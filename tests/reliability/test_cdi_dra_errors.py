@@ -50,14 +50,6 @@ def roots():
 
 
 @pytest.fixture
-async def apiserver():
-    server = ApiServerStandIn(NODE)
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def driver(roots, apiserver, tmp_path):
     from plugin.dra.kubeapi import kubeconfig_api
 

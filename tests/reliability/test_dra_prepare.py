@@ -65,14 +65,6 @@ def roots():
     shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.fixture
-async def apiserver():
-    server = ApiServerStandIn(NODE)
-    await server.start()
-    yield server
-    await server.stop()
-
-
 class CountingCdi(ClaimSpecs):
     """The shipped CDI writer, counting spec writes per claim (a claim prepared twice would show)."""
 

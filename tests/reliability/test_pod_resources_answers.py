@@ -22,11 +22,11 @@ import pytest
 from daemon_testlib import GPU, NIC
 from topo_testkit.pod_resources_standin import PodResourcesStandin
 
-from plugin.daemon import Daemon, DaemonOptions
+from plugin.runtime.daemon import Daemon, DaemonOptions
 from topo_testkit.device_manager import StandinDeviceManager
 from topo_testkit.kubelet_standin import KubeletStandin
-from plugin.pod_resources import MAX_ANSWER_BYTES
-from plugin.resources import ResourceOptions
+from plugin.allocation.pod_resources import MAX_ANSWER_BYTES
+from plugin.model.resources import ResourceOptions
 from plugin.sources.simulated.source import SimulatedSource
 
 pytestmark = pytest.mark.timeout(300)
@@ -77,7 +77,7 @@ async def test_an_over_cap_answer_is_refused_and_the_other_resource_is_served_me
     # The answer was refused, so the partners were not checked: they are the call sequence's, and
     # the request is answered with them (GPU 3's own NIC), as without --pod-resources.
     assert got == ["mlx5_3"]
-    refusals = [r for r in caplog.records if r.name == "plugin.pod_resources" and "refused" in r.getMessage()]
+    refusals = [r for r in caplog.records if r.name == "plugin.allocation.pod_resources" and "refused" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].levelno == logging.WARNING
     message = refusals[0].getMessage()
     assert f"over the cap of {MAX_ANSWER_BYTES} bytes" in message

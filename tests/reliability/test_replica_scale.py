@@ -31,10 +31,10 @@ from topo_testkit import pythonpath_env
 
 from plugin.api import api_pb2
 from plugin.config.sharing import MAX_REPLICAS, TimeSlicing, SharedResource
-import plugin.daemon as daemon_module
-from plugin.daemon import Daemon, DaemonOptions
+import plugin.runtime.daemon as daemon_module
+from plugin.runtime.daemon import Daemon, DaemonOptions
 from topo_testkit.kubelet_standin import KubeletStandin
-from plugin.resources import ResourceOptions
+from plugin.model.resources import ResourceOptions
 from plugin.sources.simulated import builtin_text
 from plugin.sources.simulated.source import SimulatedSource
 

@@ -16,8 +16,8 @@ import pytest
 from plugin.api import api_pb2
 from plugin.config import parse_config
 from plugin.config.sharing import DAEMON_MAX_REQUEST_BYTES, KUBELET_MAX_MESSAGE_BYTES, MAX_REPLICAS, SharingError
-from plugin.resources import ResourceOptions, build_resources
-from plugin.server import MAX_REQUEST_BYTES, device_message
+from plugin.model.resources import ResourceOptions, build_resources
+from plugin.serving.server import MAX_REQUEST_BYTES, device_message
 from plugin.sources.simulated import load_simulated
 
 HEAD = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"

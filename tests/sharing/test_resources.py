@@ -10,9 +10,9 @@ from allocator.topology import DeviceKind
 from plugin.config import parse_config
 from plugin.config.sharing import SharingError
 from plugin.errors import OptionError
-from plugin.gpu_allocate import GpuAllocateOptions
-from plugin.mig_strategy import MigStrategyError
-from plugin.resources import Resource, ResourceOptions, build_resources
+from plugin.model.gpu_allocate import GpuAllocateOptions
+from plugin.model.mig_strategy import MigStrategyError
+from plugin.model.resources import Resource, ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 
 HEAD = "version: v1\nsharing:\n  timeSlicing:\n"

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from allocator.topology import Device, DeviceKind, FabricInfo
-from plugin.fabric_labels import CLIQUE_LABEL, FabricLabelFile, clique_of
+from plugin.sources.fabric_labels import CLIQUE_LABEL, FabricLabelFile, clique_of
 from plugin.sources.hardware import HardwareOptions, HardwareSource
 from plugin.sources.udev_hotplug import UdevUnavailable
 from topo_testkit import sysfs_fixture as sf
@@ -95,7 +95,7 @@ def test_disagreeing_gpus_remove_the_label_with_one_warning(tmp_path, caplog):
     a = Device(name="GPU0", kind=DeviceKind.GPU, index=0, fabric=FabricInfo(CLUSTER, 7))
     f.update([a])
     b = Device(name="GPU1", kind=DeviceKind.GPU, index=1, fabric=FabricInfo(CLUSTER, 8))
-    with caplog.at_level(logging.WARNING, logger="plugin.fabric_labels"):
+    with caplog.at_level(logging.WARNING, logger="plugin.sources.fabric_labels"):
         f.update([a, b])
         f.update([a, b])
     assert not os.path.exists(path)
@@ -105,7 +105,7 @@ def test_disagreeing_gpus_remove_the_label_with_one_warning(tmp_path, caplog):
 
 def test_an_unwritable_directory_is_a_warning_not_a_crash(tmp_path, caplog):
     f = FabricLabelFile(str(tmp_path / "missing-dir" / "f"))
-    with caplog.at_level(logging.WARNING, logger="plugin.fabric_labels"):
+    with caplog.at_level(logging.WARNING, logger="plugin.sources.fabric_labels"):
         assert f.update([Device(name="GPU0", kind=DeviceKind.GPU, index=0, fabric=FabricInfo(CLUSTER, 7))]) is False
     assert any("cannot write the fabric label file" in r.getMessage() for r in caplog.records)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from plugin.resources import ResourceOptions, build_resources
-from plugin.server import device_message
+from plugin.model.resources import ResourceOptions, build_resources
+from plugin.serving.server import device_message
 from plugin.sources.hardware import HardwareOptions, HardwareSource, cpu_numa_map
 from topo_testkit import sysfs_fixture as sf
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.resources import ResourceOptions, build_resources, simulated_uuid
+from plugin.model.resources import ResourceOptions, build_resources, simulated_uuid
 from plugin.sources import TopologyError, builtin_names, load_topology
 from plugin.sources.simulated import load_node_yaml
 

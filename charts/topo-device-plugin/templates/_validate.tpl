@@ -11,38 +11,38 @@ config, so the chart's text cannot drift from the daemon's.
 
 Rules (daemon source):
 - sharing.mps is refused (plugin/config/sharing.py parse_sharing)
-- NIC pools (plugin/nic_pools/config.py): `<prefix>/<resourceName>` must be a valid extended
+- NIC pools (plugin/model/nic_pools/config.py): `<prefix>/<resourceName>` must be a valid extended
   resource name and unique; pfNames/rootDevices items `PF[#indexes]` must name a PF (a PCI
   address for rootDevices), have at most one '#', indexes and ranges `a-b` with a <= b after it,
   and no PF twice in one list; a selector may not ask for isRdma on vfio-pci functions only
 - gpuResourceName and nicResourceName must be valid extended resource names
-  (plugin/resource_names.py, checked by plugin/resources.py ResourceOptions)
+  (plugin/model/resource_names.py, checked by plugin/model/resources.py ResourceOptions)
 - dra.resources: each name must be a resource of this configuration; the GPU resource through DRA
-  needs migStrategy none and no time-slicing (plugin/serving_modes.py check_modes)
+  needs migStrategy none and no time-slicing (plugin/model/serving_modes.py check_modes)
 - sharing.timeSlicing.resources: the name must be the GPU resource or a MIG resource of its
   domain, the replicas' name (rename, or <name>.shared) a valid resource name, and no two
-  resources' replicas may share a name (plugin/time_slicing.py plan_time_slicing)
+  resources' replicas may share a name (plugin/model/time_slicing.py plan_time_slicing)
 The shape of sharing.timeSlicing (replicas >= 2, devices ...) is values.schema.json's.
 
 Not checked here, because they depend on the node's hardware (the daemon refuses them at start
 on the node where they occur):
 - migStrategy single with GPUs in MIG mode without MIG devices, with more than one MIG
   profile, or with some GPUs not in MIG mode; migStrategy mixed with a MIG profile whose
-  compute instance is smaller than its GPU instance (plugin/mig_strategy.py)
+  compute instance is smaller than its GPU instance (plugin/model/mig_strategy.py)
 - time-slicing `devices:` against the node: a count above the GPUs there, an index or UUID the
   node does not have, a partial selection that keeps the resource's name, a device shared by two
-  entries (plugin/time_slicing.py)
+  entries (plugin/model/time_slicing.py)
 - a resource name served twice, e.g. gpuResourceName equal to a NIC pool's name: only when the
-  node has devices of both (plugin/resources.py build_resources)
+  node has devices of both (plugin/model/resources.py build_resources)
 - duplicate device IDs in the node's topology, NVML start-up (failOnInitError), an unusable DRA
-  checkpoint, no API server (plugin/resources.py, plugin/sources, plugin/dra)
+  checkpoint, no API server (plugin/model/resources.py, plugin/sources, plugin/dra)
 Options the rules read (gpuResourceName, nicResourceName, migStrategy) are taken as the daemon
 takes them: extraArgs over extraEnv over config.flags. Not seen: an extraEnv value from valueFrom,
 other options in extraArgs or extraEnv (the config file's NIC pools and sharing cannot be set
 there), and the contents of config.existingConfigMap (no rule is checked when it is set).
 */}}
 
-{{/* The daemon's message for an invalid extended resource name (plugin/resource_names.py). */}}
+{{/* The daemon's message for an invalid extended resource name (plugin/model/resource_names.py). */}}
 {{- define "topo-device-plugin.resourceNameError" -}}
 {{- $ok := regexMatch "^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" . }}
 {{- if or (not $ok) (contains "kubernetes.io/" .) (hasPrefix "requests." .) -}}
@@ -67,7 +67,7 @@ resource name '{{ . }}' is not a valid extended resource name (want <lowercase.d
 {{- if gt (len $r) 80 }}{{ printf "%s…%s" (substr 0 75 $r) (substr (int (sub (len $r) 4)) (len $r) $r) }}{{ else }}{{ $r }}{{ end }}
 {{- end }}
 
-{{/* The daemon's checks of a pfNames/rootDevices list, `PF[#indexes]` items (plugin/nic_pools/config.py
+{{/* The daemon's checks of a pfNames/rootDevices list, `PF[#indexes]` items (plugin/model/nic_pools/config.py
 vf_ranges): {path, kind, items}. */}}
 {{- define "topo-device-plugin.checkVfRanges" -}}
 {{- $example := ternary "ens1f0#0,2-7" "0000:3b:00.0#0,2-7" (eq .kind "pfNames") }}

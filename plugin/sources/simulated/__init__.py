@@ -12,7 +12,7 @@ from importlib import resources
 
 from allocator.topology import NodeTopology
 
-from ...yaml_input import YamlProblem, read_text
+from ...inputs.yaml_input import YamlProblem, read_text
 from ..errors import TopologyError
 from .node_yaml import API_VERSION, load_node_yaml
 from .topo_matrix import load_topo_matrix, parse_topo_matrix
@@ -50,7 +50,7 @@ def load_simulated(source: str) -> NodeTopology:
 
     The format of a file is recognised by content (an `apiVersion:` line means
     YAML), not by extension, so users can paste outputs into any file. Files
-    above 1 MiB are refused unread (`plugin.yaml_input`).
+    above 1 MiB are refused unread (`plugin.inputs.yaml_input`).
     """
     if source in builtin_names():
         return load_node_yaml(builtin_text(source), f"builtin:{source}")

@@ -21,8 +21,8 @@ import yaml
 
 from allocator.topology import HEALTHY, ComplexKind, Device, DeviceKind, FabricInfo, Link, LinkLevel, NodeTopology
 
-from ... import yaml_input
-from ...yamlpath import field_path, line_of
+from ...inputs import yaml_input
+from ...inputs.yamlpath import field_path, line_of
 from ..errors import TopologyError
 from ..nvml_mig import caps_attribute, cap_minors
 from .topo_matrix import load_topo_matrix

@@ -12,7 +12,7 @@ import logging
 
 from allocator.topology import NodeTopology
 
-from ...filewatch import watch_file
+from ...watch.filewatch import watch_file
 from ..base import Publish
 from ...errors import InputError
 from . import load_simulated, source_path

@@ -171,7 +171,7 @@ class Oracle:
 
 
 def oracle_for(topology: NodeTopology, resources: Iterable) -> Oracle:
-    """An `Oracle` for `plugin.resources.build_resources` output (plugin IDs, devices and policies).
+    """An `Oracle` for `plugin.model.resources.build_resources` output (plugin IDs, devices and policies).
 
     Each device carries the NUMA node its resource advertises (the spec's "for each device its
     NUMA node": a pool that excludes topology advertises none)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from allocator.topology import Device
 
-from .errors import OptionError
+from ..errors import OptionError
 from .resources import Resource, ResourceOptions
 
 

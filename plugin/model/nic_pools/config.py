@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..config import ConfigError
-from ..errors import OptionError, clip, shorten
+from ...config import ConfigError
+from ...errors import OptionError, clip, shorten
 from ..resource_names import check_resource_name
 from .selectors import PoolSpec, Selector, VfRange
 

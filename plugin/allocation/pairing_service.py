@@ -3,7 +3,7 @@
 Why one object for every server: the spec's groups ("One container, several
 resources: pairing GPUs with NICs", `shared/spec/allocation.md`) span
 resources, and each resource has its own server, so the call-sequence tracker
-(`plugin.pairing_groups`) and the cross-resource weights (`PairingIndex`) must
+(`plugin.allocation.pairing_groups`) and the cross-resource weights (`PairingIndex`) must
 be shared by all of them. The daemon rebuilds the index with the resources on
 every topology or config change (never inside an RPC) and sets the window
 on a config reload.
@@ -21,7 +21,7 @@ The servers call, in arrival order and before any work goes to a thread:
   may not even exist).
 
 Pod-resources (optional): a request with partners reads `List` to check them
-(`plugin.pod_resources`). At most one `List` per group state: every request
+(`plugin.allocation.pod_resources`). At most one `List` per group state: every request
 that arrives while the group is unchanged (no `Allocate` since) shares one
 query, in flight or done, so a burst of paired requests costs the kubelet
 one call (its pod-resources rate limit is 100/s, burst 10) and the daemon one

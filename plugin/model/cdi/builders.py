@@ -9,7 +9,7 @@ one CDI device per *physical* device behind the resource's IDs:
   `/dev/nvidiactl`, and `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`
   where the host has them. No env by default (`CdiOptions.gpu_env`): what
   `NVIDIA_VISIBLE_DEVICES` says is decided per container by Allocate
-  (`plugin.gpu_allocate`): the GPU IDs with the `envvar` strategy, so that
+  (`plugin.model.gpu_allocate`): the GPU IDs with the `envvar` strategy, so that
   NVIDIA's runtime hook, where it is what mounts the driver libraries, adds
   them for exactly these GPUs; `void` with CDI strategies alone, so that the
   hook adds nothing (not even the `all` CUDA images set). A spec-wide env
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from allocator.subdevices import physical_id
 from allocator.topology import Device, DeviceKind
@@ -48,8 +48,6 @@ from .nodes import NodeResolver
 from .spec import DEFAULT_SPEC_DIR, VENDOR_PREFIX, CdiDevice, CdiSpec, DeviceNode, Edits, device_name, \
     kind_for_resource, qualified_names
 
-if TYPE_CHECKING:  # the resource layer imports this module to attach specs to resources
-    from ..resources import Resource
 
 #: The NVIDIA control node every GPU container needs, and those it gets where the host has them.
 GPU_CONTROL_NODE = "/dev/nvidiactl"
@@ -213,7 +211,29 @@ def spec_for(resource_name: str, kind: DeviceKind, members: Sequence[Member], op
     return nic_spec(cdi_kind, members, options)
 
 
-def spec_for_resource(resource: Resource, options: CdiOptions) -> CdiSpec | None:
+class _Member(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def device(self) -> Device: ...
+
+
+class ServedResource(Protocol):
+    """What a spec needs of a served resource (`plugin.model.resource.Resource` is one). A protocol, not an
+    import: the resource layer imports this package to attach specs, so this package never imports it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> DeviceKind: ...
+
+    @property
+    def devices(self) -> Sequence[_Member]: ...
+
+
+def spec_for_resource(resource: ServedResource, options: CdiOptions) -> CdiSpec | None:
     """The CDI spec of one served resource, or None when it has nothing a runtime could inject."""
     return spec_for(resource.name, resource.kind, [(d.id, d.device) for d in resource.devices], options)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from .config.flags import RESERVED_PATTERNS, RESOURCE_NAME_PATTERN
-from .errors import OptionError
+from ..config.flags import RESERVED_PATTERNS, RESOURCE_NAME_PATTERN
+from ..errors import OptionError
 
 # The rule (`<domain>/<name>`, not in kubernetes.io: the kubelet's IsExtendedResourceName) is declared
 # with the options (`plugin.config.flags`), which put it in the config file's and the chart's schemas too.

@@ -2,7 +2,7 @@
 
 Why one place: GPUs, time-slicing replicas, MIG devices and NICs all name
 their devices the same way, from the spec we wrote for their resource
-(`plugin.cdi.names_for`: replicas map to their GPU, each GPU once; a device
+(`plugin.model.cdi.names_for`: replicas map to their GPU, each GPU once; a device
 with nothing to inject has no name). `cdi-cri` puts the names in the
 response's `cdi_devices` (kubelet >= 1.28 with the DevicePluginCDIDevices
 feature); `cdi-annotations` in one annotation per plugin and resource, as the
@@ -58,7 +58,7 @@ class CdiNamingBuilder:
         names = names_for(self.spec, ids)
         add_names(out, names, self.strategies, self.prefix, self.resource_name)
         if names and not self.pass_device_specs:
-            # CDI alone: our spec holds every node the inner builder listed (`plugin.cdi` builds both from the
+            # CDI alone: our spec holds every node the inner builder listed (`plugin.model.cdi` builds both from the
             # same device paths), and the runtime adds them with their cgroup rules, so nothing is lost.
             out.devices.clear()
         return out

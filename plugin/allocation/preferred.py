@@ -38,7 +38,7 @@ from allocator.pairing import NO_PARTNERS, Partners
 from allocator.request import check_list_sizes
 from allocator.topology import DeviceGraph
 
-from .api import api_pb2
+from ..api import api_pb2
 
 DEFAULT_DEADLINE_S = 1.0
 #: The budget of a search that starts after the deadline: the greedy answer and nothing more.

@@ -39,9 +39,10 @@ from allocator.subdevices import physical_id, replica_graph, replica_id
 from allocator.topology import Device, DeviceGraph, DeviceKind
 
 from .allocate_response import ContainerAllocation
-from .config.sharing import MAX_REPLICAS, SharedResource, SharingError, TimeSlicing, \
+from ..config.sharing import MAX_REPLICAS, SharedResource, SharingError, TimeSlicing, \
     device_limit_reason, qualify
-from .errors import OptionError
+from ..errors import OptionError
+from .resource import Resource, ResourceDevice
 from .resource_names import check_resource_name
 
 #: The policy of every replica resource (`allocator.policies.get_policy`).
@@ -191,8 +192,8 @@ def subgraph(graph: DeviceGraph, keep: Sequence[str]) -> DeviceGraph:
     )
 
 
-def apply_time_slicing(resources: list, ts: TimeSlicing | None, gpu_resource_name: str,
-                       make_builder: Callable[[str], object]) -> list:
+def apply_time_slicing(resources: list[Resource], ts: TimeSlicing | None, gpu_resource_name: str,
+                       make_builder: Callable[[str], object]) -> list[Resource]:
     """`resources` with time-sliced ones replaced by (or split into) replica resources.
 
     `make_builder(name)` gives the Allocate builder of a GPU-family resource
@@ -200,8 +201,6 @@ def apply_time_slicing(resources: list, ts: TimeSlicing | None, gpu_resource_nam
     """
     if ts is None:
         return resources
-    from .resources import Resource, ResourceDevice  # noqa: PLC0415 - resources imports this module
-
     family = {r.name: [(d.id, d.device) for d in r.devices] for r in resources
               if r.kind in (DeviceKind.GPU, DeviceKind.MIG)}
     plans = plan_time_slicing(ts, gpu_resource_name, family)

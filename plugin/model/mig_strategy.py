@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from allocator.topology import UNHEALTHY, Device, DeviceKind, NodeTopology
 
-from .errors import OptionError
+from ..errors import OptionError
 
 log = logging.getLogger(__name__)
 

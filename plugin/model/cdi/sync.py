@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..errors import RuntimeFailure
+from ...errors import RuntimeFailure
+from .spec import CdiSpec
 from .writer import CdiSpecWriter, CdiWriteError
-
-if TYPE_CHECKING:  # the resource layer imports plugin.cdi
-    from ..resources import Resource
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +32,21 @@ class CdiSyncError(RuntimeFailure):
     """Our CDI specs cannot be written at start (exit 1, with the fix)."""
 
 
+class WithSpec(Protocol):
+    """A served resource as far as its spec goes (`plugin.model.resource.Resource` is one; a protocol: the
+    resource layer imports this package, never the other way round)."""
+
+    @property
+    def cdi_spec(self) -> CdiSpec | None: ...
+
+
 class SpecSync:
     def __init__(self, directory: str | None):
         self.writer = CdiSpecWriter(directory) if directory else None
         #: Files of ours are in the directory (written by this process).
         self.active = False
 
-    def sync(self, resources: Iterable[Resource], at_start: bool = True) -> None:
+    def sync(self, resources: Iterable[WithSpec], at_start: bool = True) -> None:
         """Write the specs of `resources` and remove our others (blocking: run it in a thread)."""
         if self.writer is None:
             return

@@ -1,15 +1,16 @@
 """The daemon: one asyncio loop from discovery to registered servers.
 
 Flow: the source's topology → `build_resources` → one `ResourceServer` per
-resource → `Register` with the kubelet. A supervisor task owns every
-serve/stop/register decision, so inotify bursts, retries and topology
-changes never race each other: events only "kick" it, it debounces, then it
-compares what is served with what should be.
-
-Each resource is served, retried and registered on its own: one that cannot
-be served (say a directory sits at its socket path) backs off and retries
-without holding up the others, and a resource never has more than one
-Register in flight, whatever the kubelet's timing (kubernetes #121994).
+resource → `Register` with the kubelet (and the DRA driver for the resources
+served through DRA). The daemon composes; each concern is a module of
+`plugin.runtime`:
+- `options.py`: what the daemon is told (`DaemonOptions`, the DRA side);
+- `supervisor.py`: every serve/stop/register decision, per resource, with
+  retries (one task; events only "kick" it);
+- `changes.py`: the one writer of live changes: topology updates and config
+  reloads are applied in arrival order by one task, bursts coalesced;
+- here: start-up, what applying a change means (build off the loop, install),
+  and shutdown in reverse order.
 """
 
 from __future__ import annotations
@@ -22,111 +23,32 @@ import signal
 import stat
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 from allocator import NodeTopology, Policy
-from allocator.topology import Device
 
-from .cdi.sync import SpecSync
-from .errors import InputError, TopoDevicePluginError
-from .filewatch import watch_file
-from .health_endpoint import HealthServer
-from .metrics import Metrics
-from .pairing_service import PairingService
-from .pod_resources import DEFAULT_TIMEOUT_S as POD_RESOURCES_TIMEOUT_S
-from .pod_resources import PodResourcesReader
-from .preferred import DEFAULT_DEADLINE_S
-from .ratelimited_log import RateLimitedLog, UndecodableRequestLog
-from .socket_file import prune_stale_bind_dirs
+from ..allocation.pairing_service import PairingService
+from ..allocation.pod_resources import PodResourcesReader
+from ..allocation.search_pool import SearchPool
+from ..errors import InputError, TopoDevicePluginError
+from ..model.cdi.sync import SpecSync
+from ..model.resources import Resource, ResourceOptions, build_resources
+from ..model.serving_modes import DraDevices, split
+from ..observability.health_endpoint import HealthServer
+from ..observability.metrics import Metrics
+from ..observability.ratelimited_log import RateLimitedLog, UndecodableRequestLog
+from ..serving.registration import KUBELET_SOCKET, PluginDirWatcher
+from ..serving.server import PolicyFactory, RequestHandling, ResourceServer
+from ..serving.socket_file import prune_stale_bind_dirs
+from ..sources.base import TopologySource
+from ..watch.filewatch import watch_file
+from .changes import Change, ConfigReload, LiveChanges, TopologyUpdate
+from .options import DaemonOptions, DraFactory, DraSide
 from .signals import LoopSignals
-from .registration import (
-    KUBELET_SOCKET,
-    PluginDirWatcher,
-    RegistrationError,
-    SocketIdentity,
-    register,
-    socket_identity,
-)
-from .resources import Resource, ResourceOptions, build_resources
-from .search_pool import SearchPool
-from .server import PolicyFactory, RequestHandling, ResourceServer
-from .serving_modes import DraDevices, split
-from .sources.base import TopologySource
+from .supervisor import Supervisor
+
+__all__ = ["Daemon", "DaemonOptions", "DraFactory", "DraSide", "default_policy_factory", "run_daemon"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DaemonOptions:
-    plugin_dir: str
-    metrics_address: str | None = None
-    #: Where our CDI specs go (`plugin.cdi.sync`); None: never write any.
-    cdi_spec_dir: str | None = None
-    #: Quiet time after a filesystem event before acting (one kubelet restart = one re-registration).
-    debounce_s: float = 0.05
-    #: After ending a stream a live kubelet still holds, wait this long before registering again,
-    #: so the kubelet handles the disconnect first (kubernetes #121994).
-    stream_end_grace_s: float = 1.0
-    #: First retry delay after a resource failed to serve or to register (per resource; doubles up
-    #: to `retry_max_s`).
-    retry_initial_s: float = 0.2
-    retry_max_s: float = 10.0
-    #: Slow re-check while kubelet.sock is missing, in case an inotify event is lost.
-    kubelet_poll_s: float = 5.0
-    #: A Register unanswered this long is logged as slow. It is never abandoned: the kubelet
-    #: completes it anyway, and a second one would leave two registrations and two streams
-    #: (kubernetes #121994).
-    register_timeout_s: float = 15.0
-    #: The config file to watch; a valid change is applied live (see `reload_resources`).
-    config_path: str | None = None
-    #: Whole-request deadline of GetPreferredAllocation (why 1 s: `plugin.preferred`).
-    preferred_deadline_s: float = DEFAULT_DEADLINE_S
-    #: Threads for preferred-allocation searches (why threads, why two: `plugin.search_pool`).
-    search_workers: int = 2
-    #: The kubelet's pod-resources socket, to check pairing partners against (None: not read).
-    pod_resources_socket: str | None = None
-    #: Deadline of one pod-resources `List` (why short: `plugin.pod_resources`).
-    pod_resources_timeout_s: float = POD_RESOURCES_TIMEOUT_S
-
-
-class DraSide(Protocol):
-    """The DRA driver as the daemon drives it (`plugin.dra.DraDriver`)."""
-
-    async def start(self, topology: NodeTopology) -> None: ...
-
-    def update(self, topology: NodeTopology) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def ready(self) -> tuple[bool, str]: ...
-
-
-#: Makes the DRA driver for the devices `include` accepts (those of the DRA resources, see
-#: `plugin.serving_modes`); raises `TopoDevicePluginError`s when it cannot (no API access...).
-DraFactory = Callable[[Callable[[Device], bool]], Awaitable[DraSide]]
-
-
-class _Retry:
-    """One resource's backoff: each resource fails and retries on its own."""
-
-    def __init__(self, initial_s: float, max_s: float):
-        self.initial_s = initial_s
-        self.max_s = max_s
-        self.delay = 0.0
-        self.not_before = 0.0
-
-    def failed(self, now: float) -> float:
-        self.delay = self.initial_s if self.delay == 0 else min(self.delay * 2, self.max_s)
-        self.not_before = now + self.delay
-        return self.delay
-
-    def succeeded(self) -> None:
-        self.delay = 0.0
-        self.not_before = 0.0
-
-    def due(self, now: float) -> bool:
-        return now >= self.not_before
 
 
 def default_policy_factory(name: str, options: dict) -> Policy:
@@ -155,17 +77,11 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.servers: dict[str, ResourceServer] = {}
         self.topology: NodeTopology | None = None
-        self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._retry_handle: asyncio.TimerHandle | None = None
-        self._retries: dict[str, _Retry] = {}
-        #: The Register call in flight per resource (at most one, never cancelled while we run).
-        self._registering: dict[str, asyncio.Task] = {}
-        self._side_tasks: set[asyncio.Task] = set()
-        self._reload_lock = asyncio.Lock()
-        #: Builds and applies resources one at a time, in arrival order (a topology change, a reload).
-        self._apply_lock = asyncio.Lock()
-        self._kubelet_seen: tuple | None = None
+        #: Serves and registers `servers`; the daemon only changes the dict and kicks it.
+        self.supervisor = Supervisor(self.servers, options, self.metrics)
+        #: The one writer of live changes (topology updates, config reloads), in arrival order.
+        self.changes = LiveChanges(self._apply_change)
         #: GPU–NIC pairing, shared by every server; its index follows the resources.
         self.pairing = PairingService(
             resource_options.pairing_window_s, clock,
@@ -173,7 +89,7 @@ class Daemon:
                            if options.pod_resources_socket else None))
         #: Shared by every server: one search pool, one rate-limited rejection log, the request deadline, pairing.
         self.handling = RequestHandling(SearchPool(options.search_workers),
-                                        RateLimitedLog(logging.getLogger("plugin.server")),
+                                        RateLimitedLog(logging.getLogger("plugin.serving.server")),
                                         options.preferred_deadline_s, self.pairing)
         self.health_server: HealthServer | None = None
         #: The plugin directory's watcher, once started.
@@ -187,7 +103,7 @@ class Daemon:
 
     @property
     def kubelet_socket(self) -> str:
-        return os.path.join(self.options.plugin_dir, KUBELET_SOCKET)
+        return self.supervisor.kubelet_socket
 
     def ready(self) -> tuple[bool, str]:
         missing = [n for n, s in self.servers.items() if s.registered_with is None]
@@ -243,13 +159,14 @@ class Daemon:
                 self.servers[r.name] = self._new_server(r)
                 self._count_devices(r)
             self._tasks = [
-                asyncio.create_task(self._supervise(), name="supervisor"),
+                asyncio.create_task(self.supervisor.run(), name="supervisor"),
+                asyncio.create_task(self.changes.run(), name="live-changes"),
                 asyncio.create_task(self.source.watch(self.topology, self._publish), name="source-watch"),
                 asyncio.create_task(self._heartbeat(), name="heartbeat"),
             ]
             if self.options.config_path and self.reload_resources:
                 self._tasks.append(asyncio.create_task(
-                    watch_file(self.options.config_path, self._reload_serialised), name="config-watch"))
+                    watch_file(self.options.config_path, self._on_config_file), name="config-watch"))
             self.kick()
             self.started.set()
             stopper = asyncio.create_task(stop.wait())
@@ -326,27 +243,21 @@ class Daemon:
             log.info("SIGHUP received; there is no configuration to reload")
             return
         log.info("SIGHUP received; reloading the configuration", extra={"config": self.options.config_path})
-        task = asyncio.get_running_loop().create_task(self._reload_serialised(), name="sighup-reload")
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
+        self.changes.submit(ConfigReload("SIGHUP"))
 
-    async def _reload_serialised(self) -> None:
-        """A config-file change and a SIGHUP may arrive together: apply one reload at a time."""
-        async with self._reload_lock:
-            await self._reload_config()
+    async def _on_config_file(self) -> None:
+        self.changes.submit(ConfigReload("config file"))
 
     async def _shutdown(self, watcher: PluginDirWatcher | None) -> None:
         """Empty device list on open streams, stop serving, remove sockets."""
         if watcher is not None:
             watcher.stop()
-        pending = [*self._tasks, *self._side_tasks, *self._registering.values()]
-        for t in pending:
+        for t in self._tasks:
             t.cancel()
-        for t in pending:
+        for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        if self._retry_handle:
-            self._retry_handle.cancel()
+        await self.supervisor.stop()
         await asyncio.gather(*(s.stop(send_empty=True) for s in self.servers.values()))
         self.handling.search.close()
         await self.pairing.close()
@@ -363,7 +274,7 @@ class Daemon:
 
     # -- events -------------------------------------------------------------
     def kick(self) -> None:
-        self._kick.set()
+        self.supervisor.kick()
 
     def _on_kubelet_socket(self) -> None:
         self.kick()
@@ -373,20 +284,26 @@ class Daemon:
             self.kick()
 
     def _publish(self, topology: NodeTopology) -> None:
-        """Called by the source on the loop with each new topology."""
-        asyncio.get_running_loop().create_task(self._apply_topology(topology))
+        """Called by the source on the loop with each new topology: queued for the one writer."""
+        self.changes.submit(TopologyUpdate(topology))
+
+    async def _apply_change(self, change: Change) -> None:
+        """The writer's step (`LiveChanges`): one change at a time, never two at once."""
+        if isinstance(change, TopologyUpdate):
+            await self._apply_topology(change.topology)
+        else:
+            await self._reload_config()
 
     async def _apply_topology(self, topology: NodeTopology) -> None:
-        async with self._apply_lock:  # in arrival order, never two at once (the build awaits a thread)
-            try:
-                built = await _build_off_loop(topology, self.resource_options, "topology change")
-            except InputError as e:
-                log.warning("new topology ignored", extra={"reason": str(e)})
-                return
-            except Exception:  # a bug, not bad input: say so loudly, keep serving the last good topology
-                log.exception("new topology ignored: internal error (a bug)")
-                return
-            await self._install(topology, *built)
+        try:
+            built = await _build_off_loop(topology, self.resource_options, "topology change")
+        except InputError as e:
+            log.warning("new topology ignored", extra={"reason": str(e)})
+            return
+        except Exception:  # a bug, not bad input: say so loudly, keep serving the last good topology
+            log.exception("new topology ignored: internal error (a bug)")
+            return
+        await self._install(topology, *built)
 
     async def _install(self, topology: NodeTopology, resources: list[Resource], dra_resources: list[Resource]) -> None:
         """Serve `resources` (built for `topology`) in place of what is served now."""
@@ -430,146 +347,30 @@ class Daemon:
             log.exception("config change ignored: internal error (a bug); keeping the running configuration",
                           extra={"config": self.options.config_path})
             return
-        async with self._apply_lock:
-            topology, built = self.topology, None
-            if topology is not None:
-                # Built once, in a thread (thousands of replicas take a while; /healthz and the RPCs are
-                # answered meanwhile); options this node cannot serve (a MIG layout, a time-slicing
-                # entry) are refused whole.
-                try:
-                    built = await _build_off_loop(topology, options, "config change")
-                except InputError as e:
-                    log.warning("config change ignored; keeping the running configuration",
-                                extra={"config": self.options.config_path, "reason": str(e)})
-                    return
-                except Exception:
-                    log.exception("config change ignored: internal error (a bug); keeping the running "
-                                  "configuration", extra={"config": self.options.config_path})
-                    return
-            log.info("config changed", extra={"config": self.options.config_path})
-            self.resource_options = options
-            if topology is not None and built is not None:
-                await self._install(topology, *built)
+        topology, built = self.topology, None
+        if topology is not None:
+            # Built once, in a thread (thousands of replicas take a while; /healthz and the RPCs are
+            # answered meanwhile); options this node cannot serve (a MIG layout, a time-slicing
+            # entry) are refused whole.
+            try:
+                built = await _build_off_loop(topology, options, "config change")
+            except InputError as e:
+                log.warning("config change ignored; keeping the running configuration",
+                            extra={"config": self.options.config_path, "reason": str(e)})
+                return
+            except Exception:
+                log.exception("config change ignored: internal error (a bug); keeping the running "
+                              "configuration", extra={"config": self.options.config_path})
+                return
+        log.info("config changed", extra={"config": self.options.config_path})
+        self.resource_options = options
+        if topology is not None and built is not None:
+            await self._install(topology, *built)
 
     def _count_devices(self, r: Resource) -> None:
         healthy = sum(1 for d in r.devices if d.device.healthy)
         self.metrics.set_devices(r.name, healthy, len(r.devices) - healthy)
 
-    # -- the supervisor -------------------------------------------------------
-    async def _supervise(self) -> None:
-        while True:
-            await self._kick.wait()
-            await asyncio.sleep(self.options.debounce_s)
-            self._kick.clear()
-            try:
-                await self._reconcile()
-            except Exception:  # never let one bad round kill registration for good
-                log.exception("reconcile failed; retrying")
-                self._wake_in(self.options.retry_initial_s)
-
-    def _retry(self, name: str) -> _Retry:
-        r = self._retries.get(name)
-        if r is None:
-            r = self._retries[name] = _Retry(self.options.retry_initial_s, self.options.retry_max_s)
-        return r
-
-    async def _reconcile(self) -> None:
-        loop = asyncio.get_running_loop()
-        kubelet = socket_identity(self.kubelet_socket)
-        if kubelet is not None and self._kubelet_seen is not None and kubelet != self._kubelet_seen:
-            self.metrics.kubelet_restarts.inc()
-        if kubelet is not None:
-            self._kubelet_seen = kubelet
-        now = loop.time()
-        restart = [
-            s for s in self.servers.values()
-            # never restart under a Register in flight: its answer would belong to a stopped server
-            if s.name not in self._registering and self._retry(s.name).due(now)
-            and (not s.serving
-                 or not s.socket_is_ours()
-                 or (kubelet is not None and s.registered_with is not None and s.registered_with != kubelet))
-        ]
-        had_streams = False
-        for s in restart:
-            if s.serving:
-                had_streams |= await s.stop()
-        if had_streams:
-            await asyncio.sleep(self.options.stream_end_grace_s)
-        for s in restart:
-            await self._start(s)
-        if kubelet is None:
-            log.info("waiting for the kubelet", extra={"socket": self.kubelet_socket})
-        else:
-            now = loop.time()
-            for s in self.servers.values():
-                if (s.serving and s.registered_with != kubelet and s.name not in self._registering
-                        and self._retry(s.name).due(now)):
-                    self._registering[s.name] = loop.create_task(self._register_one(s, kubelet),
-                                                                 name=f"register {s.name}")
-        self._plan_next_round(kubelet is None)
-
-    async def _start(self, s: ResourceServer) -> None:
-        """Serve one resource; a failure is logged and retried later for this resource alone."""
-        try:
-            await s.start()
-        except Exception as e:  # OSError, or RuntimeError from gRPC's bind
-            delay = self._retry(s.name).failed(asyncio.get_running_loop().time())
-            log.warning("cannot serve resource; will retry", extra={
-                "resource": s.name, "socket": s.socket_path, "reason": f"{type(e).__name__}: {e}",
-                "retry_in_s": round(delay, 2)})
-        else:
-            self._retry(s.name).succeeded()
-
-    def _plan_next_round(self, waiting_for_kubelet: bool) -> None:
-        """Wake the supervisor for the earliest per-resource retry (and the slow kubelet.sock poll)."""
-        now = asyncio.get_running_loop().time()
-        waits = [r.not_before - now for name, r in self._retries.items()
-                 if name in self.servers and r.not_before > now]
-        if waiting_for_kubelet:
-            waits.append(self.options.kubelet_poll_s)
-        if waits:
-            self._wake_in(min(waits))
-
-    async def _register_one(self, s: ResourceServer, kubelet: SocketIdentity) -> None:
-        """One Register call, awaited to its end however long the kubelet takes (see `register`).
-
-        Never cancelled while the daemon runs, not even when kubelet.sock is replaced: a call to a
-        kubelet that died fails by itself (its connection closes), while a call that reached the
-        new kubelet (the socket may change between our look and the connect) is completed by that
-        kubelet whatever we do, so abandoning it and registering again would leave two
-        registrations (kubernetes #121994).
-        """
-        try:
-            await register(self.kubelet_socket, os.path.basename(s.socket_path), s.name,
-                           slow_after=self.options.register_timeout_s)
-        except Exception as e:  # RegistrationError: the kubelet's reason; anything else is ours, still retried
-            self.metrics.registration_failures.labels(s.name).inc()
-            now_kubelet = socket_identity(self.kubelet_socket)
-            if now_kubelet is not None and now_kubelet != kubelet:
-                delay = 0.0  # the kubelet we called is gone and a new one listens: try that one at once
-            else:
-                delay = self._retry(s.name).failed(asyncio.get_running_loop().time())
-            reason = str(e) if isinstance(e, RegistrationError) else f"{type(e).__name__}: {e}"
-            log.warning("registration failed; will retry", extra={"resource": s.name, "reason": reason,
-                                                                   "retry_in_s": round(delay, 2)})
-        else:
-            if self.servers.get(s.name) is s and s.serving:
-                # The kubelet that answered is the one listening now: kubelet.sock may have been
-                # replaced (a crashed kubelet's stale socket) between our look and the connect.
-                s.registered_with = socket_identity(self.kubelet_socket) or kubelet
-                self._retry(s.name).succeeded()
-                self.metrics.registrations.labels(s.name).inc()
-                log.info("registered with the kubelet", extra={"resource": s.name,
-                                                               "endpoint": os.path.basename(s.socket_path)})
-        finally:
-            if self._registering.get(s.name) is asyncio.current_task():
-                del self._registering[s.name]
-            self.kick()
-
-    def _wake_in(self, delay: float) -> None:
-        if self._retry_handle:
-            self._retry_handle.cancel()
-        self._retry_handle = asyncio.get_running_loop().call_later(max(0.0, delay), self.kick)
 
 
 def _build(topology: NodeTopology, options: ResourceOptions) -> tuple[list[Resource], list[Resource]]:

@@ -8,7 +8,7 @@ is given and asks the resource's policy for preferred allocations.
 Every bad request gets INVALID_ARGUMENT naming the problem, and the server
 keeps serving: a request can never take the daemon down. A request can
 neither stall it: searches run on worker threads under a whole-request
-deadline (`plugin.preferred`), every message names a few offending IDs and
+deadline (`plugin.allocation.preferred`), every message names a few offending IDs and
 "+N more" (never the whole request), and rejections are logged at a bounded
 rate.
 """
@@ -30,15 +30,15 @@ from allocator import AllocationError, Policy
 from allocator.pairing import pair_label
 from allocator.request import brief_ids
 
-from . import preferred
-from .allocate_response import ContainerAllocation
-from .api import api_pb2, api_pb2_grpc
-from .metrics import Metrics
-from .pairing_service import PairingService
-from .ratelimited_log import RateLimitedLog, reason_kind
+from ..allocation import preferred
+from ..model.allocate_response import ContainerAllocation
+from ..api import api_pb2, api_pb2_grpc
+from ..observability.metrics import Metrics
+from ..allocation.pairing_service import PairingService
+from ..observability.ratelimited_log import RateLimitedLog, reason_kind
 from .registration import SocketIdentity, socket_identity
-from .resources import Resource
-from .search_pool import SearchPool
+from ..model.resources import Resource
+from ..allocation.search_pool import SearchPool
 from .socket_file import remove_if_ours, serve_at
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class RequestHandling:
 
     search: SearchPool = field(default_factory=SearchPool)
     limited_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
-    #: Whole-request deadline of GetPreferredAllocation (why 1 s: `plugin.preferred`).
+    #: Whole-request deadline of GetPreferredAllocation (why 1 s: `plugin.allocation.preferred`).
     deadline_s: float = preferred.DEFAULT_DEADLINE_S
     #: GPU–NIC pairing: one call-sequence tracker and one cross-resource index for all servers.
     pairing: PairingService = field(default_factory=PairingService)
@@ -212,7 +212,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         resp = api_pb2.PreferredAllocationResponse()
         for n, req in enumerate(requests):
             started = time.perf_counter()
-            # The first container request always gets the policy's full budget (see plugin.preferred).
+            # The first container request always gets the policy's full budget (see plugin.allocation.preferred).
             result = await pool.run(preferred.search, policy, resource.graph, req, deadline if n else None)
             self._metrics.preferred(resource.name, time.perf_counter() - started, result.optimal)
             if result.pairs and log.isEnabledFor(logging.DEBUG):
@@ -265,7 +265,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 self._reject("Allocate", f"{where}: {e}")
             resp.container_responses.append(to_proto(allocation))
             self._metrics.allocated(resource.name, len(ids))
-        # Only an Allocate accepted whole joins a group (why: `plugin.pairing_service`).
+        # Only an Allocate accepted whole joins a group (why: `plugin.allocation.pairing_service`).
         for creq in request.container_requests:
             pairs = self._handling.pairing.on_allocate(resource.name, list(creq.devices_ids))
             self._metrics.paired(resource.name, [p.link for p in pairs])
@@ -348,7 +348,7 @@ class ResourceServer:
         """Serve on a fresh socket (a new service object, so no old stream survives).
 
         The socket appears at its path with mode 0600 (only root, i.e. the
-        kubelet, may talk to us) in one atomic step (`plugin.socket_file`).
+        kubelet, may talk to us) in one atomic step (`plugin.serving.socket_file`).
         Raises OSError or RuntimeError (gRPC's bind) with nothing left running.
         """
         if self._server is not None:

@@ -27,7 +27,7 @@ class NicPool:
 
     `select` is the pool's selector (SR-IOV-network-device-plugin style); the
     first pool that matches a NIC gets it. `builder` answers Allocate
-    (`plugin.resources.AllocateBuilder`).
+    (`plugin.model.resources.AllocateBuilder`).
     """
 
     resource_name: str

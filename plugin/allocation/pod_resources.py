@@ -1,7 +1,7 @@
 """Which container holds which device, from the kubelet's pod-resources API (`--pod-resources`, optional).
 
 Why: the partners of a GetPreferredAllocation are a guess from the call
-sequence (`plugin.pairing_groups`). The kubelet's pod-resources `List` says
+sequence (`plugin.allocation.pairing_groups`). The kubelet's pod-resources `List` says
 which devices containers really hold, so it can catch some wrong guesses.
 
 What `List` can and cannot tell (read in the kubelet,
@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf.message import DecodeError
 
-from .api.podresources.v1 import api_pb2
+from ..api.podresources.v1 import api_pb2
 
 log = logging.getLogger(__name__)
 

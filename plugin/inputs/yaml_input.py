@@ -27,7 +27,7 @@ import jsonschema
 import yaml
 from yaml.composer import ComposerError
 
-from .errors import shorten
+from ..errors import shorten
 from .yamlpath import field_path, line_of
 
 MAX_FILE_BYTES = 1 << 20

@@ -11,7 +11,7 @@ failing: the scheduler would see stale or no devices), which is what a
 rolling update should wait for; a 503 answer's body says why. Any other path is 404: a typo in a scrape config should show,
 not quietly return metrics.
 
-The server under it (plugin/http_server.py) bounds connections, time and
+The server under it (plugin/observability/http_server.py) bounds connections, time and
 request size, so a port scan or a slowloris cannot take the daemon down.
 """
 

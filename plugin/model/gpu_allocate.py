@@ -20,7 +20,7 @@ and NVIDIA's runtime hook, where installed, acts on it:
 A MIG device gets `nvidiactl`, its parent's `/dev/nvidia<minor>` and its GPU
 and compute instance capability nodes (`/dev/nvidia-caps/nvidia-cap<N>`), as
 NVIDIA's plugin passes them. CDI names come from the spec we wrote for the
-resource (`plugin.cdi_names.CdiNamingBuilder` wraps this builder); with
+resource (`plugin.model.cdi_names.CdiNamingBuilder` wraps this builder); with
 `--cdi-specs external` they are `<cdi-vendor>/<cdi-class>=<UUID>` of a spec
 another tool generated.
 """
@@ -35,9 +35,9 @@ from allocator.topology import Device, DeviceKind
 
 from .allocate_response import ContainerAllocation, DeviceNode
 from .cdi_names import add_names, uses_cdi
-from .errors import OptionError
+from ..config.flags import DEVICE_LIST_STRATEGIES
+from ..errors import OptionError
 
-DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri", "cdi-annotations")
 CDI_SPEC_MODES = ("write", "external")
 _CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 #: `Device.attributes` key of a MIG device's capability nodes (comma-separated `/dev/nvidia-caps/...`).

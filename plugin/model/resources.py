@@ -6,33 +6,32 @@ with health and NUMA, the allocator's `DeviceGraph` (built here, once per
 topology, never inside an RPC), the policy name and the Allocate builder.
 
 Order of the steps: GPU-family resources by MIG strategy
-(`plugin.mig_strategy`: whole GPUs, MIG devices per profile), time-slicing
-replicas of them (`plugin.time_slicing`), NIC pools; then, when Allocate
+(`plugin.model.mig_strategy`: whole GPUs, MIG devices per profile), time-slicing
+replicas of them (`plugin.model.time_slicing`), NIC pools; then, when Allocate
 names devices through CDI specs we write, each resource's spec
-(`plugin.cdi`), which the daemon writes and Allocate names from.
+(`plugin.model.cdi`), which the daemon writes and Allocate names from. The
+resource itself (the data) is `plugin.model.resource`, re-exported here.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from allocator.subdevices import child_graph
 from allocator.topology import Device, DeviceGraph, DeviceKind, NodeTopology
 
-from .allocate_response import ContainerAllocation
-from .cdi import CdiOptions, CdiSpec, spec_for
+from .cdi import CdiOptions, spec_for
 from .cdi_names import CdiNamingBuilder
-from .config.sharing import TimeSlicing
-from .errors import OptionError
+from ..config.sharing import TimeSlicing
+from ..errors import OptionError
 from .gpu_allocate import GpuAllocateBuilder, GpuAllocateOptions
 from .identity import device_uuid, simulated_uuid
 from .mig_strategy import GpuGroup, group_gpus
 from .nic_pools.pools import NicPool, default_pool
+from .resource import AllocateBuilder, Resource, ResourceDevice
 from .resource_names import check_resource_name
-from .sources.errors import TopologyError
+from ..sources.errors import TopologyError
 from .time_slicing import apply_time_slicing
 
 __all__ = [
@@ -42,55 +41,6 @@ __all__ = [
 
 ID_STRATEGIES = ("uuid", "index")
 MIG_STRATEGIES = ("none", "single", "mixed")
-
-
-class AllocateBuilder(Protocol):
-    def build(self, ids: Sequence[str], devices: Sequence[Device]) -> ContainerAllocation: ...
-
-
-@dataclass(frozen=True)
-class ResourceDevice:
-    """One advertised device: its plugin ID and the device behind it."""
-
-    id: str
-    device: Device
-    #: NUMA node advertised in TopologyInfo (None: no topology; also when the pool excludes topology).
-    numa: int | None
-
-    @property
-    def health(self) -> str:
-        return self.device.health
-
-
-@dataclass(frozen=True)
-class Resource:
-    name: str
-    kind: DeviceKind
-    devices: tuple[ResourceDevice, ...]
-    policy: str
-    graph: DeviceGraph
-    builder: AllocateBuilder = field(compare=False)
-    #: Policy options passed to `get_policy` (e.g. the time budget).
-    policy_options: Mapping[str, object] = field(default_factory=dict, compare=False)
-    #: The CDI spec we write for this resource (None: no CDI strategy, `--cdi-specs external`, or
-    #: nothing to inject); Allocate names its devices from it.
-    cdi_spec: CdiSpec | None = field(default=None, compare=False)
-
-    @property
-    def socket_name(self) -> str:
-        """`topo-<domain>-<name>.sock`: unique per resource, readable in `ls device-plugins/`."""
-        return "topo-" + re.sub(r"[^A-Za-z0-9_.-]", "-", self.name) + ".sock"
-
-    def by_id(self) -> dict[str, ResourceDevice]:
-        return {d.id: d for d in self.devices}
-
-    def listing(self) -> tuple[tuple[str, str, int | None], ...]:
-        """(ID, health, NUMA) of every device: what ListAndWatch sends; equal listings need no resend."""
-        return tuple((d.id, d.health, d.numa) for d in self.devices)
-
-    def allocate(self, ids: Sequence[str]) -> ContainerAllocation:
-        table = self.by_id()
-        return self.builder.build(list(ids), [table[i].device for i in ids])
 
 
 @dataclass(frozen=True)
@@ -107,13 +57,13 @@ class ResourceOptions:
     #: Where NIC Allocate responses find device nodes (vfio, /dev/infiniband...), for the default pool.
     dev_root: str = "/dev"
     #: The GPU–NIC pairing window in seconds (0: off). Not used to build resources: it travels with
-    #: them because a config reload applies it live, as it applies them (`plugin.pairing_service`).
+    #: them because a config reload applies it live, as it applies them (`plugin.allocation.pairing_service`).
     pairing_window_s: float = 1.0
-    #: NVIDIA's MIG strategy (`plugin.mig_strategy`).
+    #: NVIDIA's MIG strategy (`plugin.model.mig_strategy`).
     mig_strategy: str = "none"
     #: NVIDIA's `sharing.timeSlicing` (None: nothing is shared).
     time_slicing: TimeSlicing | None = None
-    #: Resources served through DRA instead of the device-plugin API (checked by `plugin.serving_modes`).
+    #: Resources served through DRA instead of the device-plugin API (checked by `plugin.model.serving_modes`).
     dra_resources: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:

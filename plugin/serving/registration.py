@@ -23,7 +23,7 @@ import grpc
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from .api import api_pb2, api_pb2_grpc
+from ..api import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Why: none of the NIC plugins and few GPU plugins export anything, so
 operators cannot see registrations, kubelet restarts or allocation quality.
 The HTTP endpoint that serves them (with `/healthz` and `/readyz`) is
-plugin/health_endpoint.py.
+plugin/observability/health_endpoint.py.
 """
 
 from __future__ import annotations

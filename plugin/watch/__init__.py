@@ -1,0 +1,1 @@
+"""Watching the node: files through inotify, GPU health through NVML events, and a cancellation-safe wait."""
