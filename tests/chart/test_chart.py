@@ -440,7 +440,7 @@ def test_values_schema_flags_match_the_daemon_config_schema():
 # check. What cannot be read fails the test and names what moved (never a skip).
 NIC_KEYS = """
 import json, re, sys
-from plugin import nic_pools as n
+from plugin.model import nic_pools as n
 
 def accepted(raw):
     try:
