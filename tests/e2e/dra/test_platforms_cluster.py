@@ -28,6 +28,7 @@ from sandbox import NODE_IP, wait_for
 from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, diagnose, helm_upgrade, wait_daemon_ready, \
     workload
 
+from allocator.topologymanager import machine_numa
 from plugin.dra.slices import device_name
 from plugin.fabric_labels import CLIQUE_LABEL
 from plugin.sources.simulated import load_simulated
@@ -52,9 +53,14 @@ COMPLEX_PAIRS = {
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, cluster_inputs):
     node = Node.make(tmp_path_factory.mktemp("node"), simulate="gb300-cx8-dd")
-    numa, distances = node.numa_nodes()
+    topology = load_simulated(str(node.node_file))
+    # The cluster's machine: the two Grace sockets the devices name (the GPUs' memory-only NUMA
+    # nodes never hold CPUs nor a device's TopologyInfo), with the node's distances between them.
+    _, rows = machine_numa(topology)
+    sockets = sorted({d.numa for d in topology.devices})
+    distances = {n: [rows[n][m] for m in sockets] for n in sockets}
     t0 = time.monotonic()
-    for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
+    for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(sockets), distances, tm_policy="none"):
         STAGES["cluster up"] = time.monotonic() - t0
         t0 = time.monotonic()
         helm_upgrade(c, chart_values(
@@ -66,7 +72,7 @@ def env(tmp_path_factory, cluster_inputs):
                       {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]))
         wait_daemon_ready(c)
         STAGES["helm install + driver Ready"] = time.monotonic() - t0
-        yield {"c": c, "image": cluster_inputs["image"].ref, "topology": load_simulated(str(node.node_file))}
+        yield {"c": c, "image": cluster_inputs["image"].ref, "topology": topology}
     print("\nGB300 DRA e2e stage times:", file=sys.stderr)
     for name, dt in STAGES.items():
         print(f"  {name:<40} {dt:7.1f} s", file=sys.stderr)
