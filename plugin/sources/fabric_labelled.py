@@ -10,6 +10,7 @@ carry it) and the Node-object way (`plugin.fabric_node_label`) to both.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from allocator.topology import NodeTopology
@@ -17,6 +18,15 @@ from allocator.topology import NodeTopology
 from ..fabric_labels import FabricLabelFile
 from ..fabric_node_label import NodeLabeller
 from .base import Publish, TopologySource
+
+log = logging.getLogger(__name__)
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    """The labeller only ends by cancellation; anything else is a bug, said loudly (serving goes on)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the node label task failed (a bug); the node's clique label is no longer kept",
+                  exc_info=task.exception())
 
 
 class FabricLabelledSource:
@@ -52,6 +62,7 @@ class FabricLabelledSource:
             await self.inner.watch(current, relay)
             return
         labeller = asyncio.create_task(self.node.run(), name="fabric-node-label")
+        labeller.add_done_callback(_log_failure)
         try:
             await self.inner.watch(current, relay)
         finally:
