@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,7 +22,7 @@ from click.core import ParameterSource
 
 from ..config import Config, ConfigError, load_config
 from ..config.flags import BY_DEST, KIND_FIX, Option, options_for, restart_needed
-from ..errors import OptionError
+from ..errors import InputError, OptionError
 from ..model.gpu_allocate import GpuAllocateOptions
 from ..observability.http_server import parse_address
 from ..model.nic_pools import NicPool, parse_pools
@@ -269,14 +270,41 @@ def resource_reloader(settings: Settings) -> Callable[[], ResourceOptions]:
 def make_source(settings: Settings) -> TopologySource:
     """The simulated node when --simulate is given, else real hardware (NVML + sysfs)."""
     v = settings.values
+    node_labeller = _node_labeller(settings)
     if v.get("simulate"):
         from ..sources.simulated.source import SimulatedSource
 
-        return SimulatedSource(v["simulate"])
+        simulated = SimulatedSource(v["simulate"])
+        if not (v.get("fabric_labels_file") or node_labeller):
+            return simulated
+        from ..sources.fabric_labels import FabricLabelFile
+        from ..runtime.fabric_labelled import FabricLabelledSource
+
+        file = FabricLabelFile(v["fabric_labels_file"]) if v.get("fabric_labels_file") else None
+        return FabricLabelledSource(simulated, file=file, node=node_labeller)
     from ..sources.hardware import hardware_source_from_options
 
-    return hardware_source_from_options(
+    hardware = hardware_source_from_options(
         sysfs_root=v["sysfs_root"], dev_root=v["dev_root"], proc_root=v["proc_root"],
         fail_on_init_error=v["fail_on_init_error"], gpu_health=settings.config.gpu_health,
         nic_link_health=v["nic_link_health"], fabric_labels_file=v.get("fabric_labels_file"),
     )
+    if node_labeller is None:
+        return hardware
+    from ..runtime.fabric_labelled import FabricLabelledSource
+
+    return FabricLabelledSource(hardware, node=node_labeller)  # the hardware source keeps the file itself
+
+
+def _node_labeller(settings: Settings):  # -> NodeLabeller | None (imported only when used)
+    """With --fabric-labels-node: the labeller of this node, named by NODE_NAME (the chart sets it)."""
+    if not settings.values.get("fabric_labels_node"):
+        return None
+    node = os.environ.get("NODE_NAME", "")
+    if not node:
+        raise InputError(f"{option_source(settings, 'fabric_labels_node')}: labelling the Node needs its name in "
+                         "NODE_NAME (fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; "
+                         "the chart does)")
+    from ..runtime.node_labels import NodeLabeller
+
+    return NodeLabeller(node)

@@ -252,7 +252,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("fabric_labels_file", "Keep the GPUs' NVLink fabric clique as the node label nvidia.com/gpu.clique="
            "<cluster UUID>.<clique ID> in this Node Feature Discovery feature file (a file in NFD's features.d "
            "directory, mounted into the container); rewritten when the clique changes, removed when there is "
-           "none (docs/platforms.md).", kind="path", commands=SERVE, metavar="FILE", default_text="off", target=D),
+           "none (docs/platforms.md).", kind="path", commands=SERVE, chart_managed=True, metavar="FILE",
+           default_text="off", target=D),
+    Option("fabric_labels_node", "Keep the GPUs' NVLink fabric clique as the label nvidia.com/gpu.clique="
+           "<cluster UUID>.<clique ID> of this node's Node object (named by NODE_NAME), patched through the API "
+           "server (RBAC: get and patch nodes); only that label is touched, removed when there is no clique, "
+           "retried while the API server is unreachable (docs/platforms.md).", kind="bool", default=False,
+           commands=SERVE, chart_managed=True, target=D),
     Option("kubelet_root_dir", "The kubelet's --root-dir.", kind="path", default="/var/lib/kubelet", commands=SERVE,
            chart_managed=True, target=S),
     Option("device_plugin_path", "Where kubelet.sock is and our sockets go.", kind="path", commands=SERVE,

@@ -1,7 +1,9 @@
 """The node's NVLink fabric clique as a node label, through a Node Feature Discovery feature file.
 
-Why a feature file: labelling the Node ourselves needs RBAC to patch Nodes
-from every node (a DaemonSet that can rewrite any node's labels). Node
+Why a feature file (one of two ways; `plugin.runtime.node_labels` patches the
+Node instead, for clusters without NFD): labelling the Node ourselves needs
+RBAC to patch Nodes from every node (a DaemonSet that can rewrite any node's
+labels). Node
 Feature Discovery already runs where GPU clusters are managed (the GPU
 Operator deploys it) and turns each `key=value` line of a file in its
 `features.d` directory into a label of the node it runs on. GPU Feature

@@ -167,9 +167,14 @@ DRA = {
     "config": {"flags": {"deviceListStrategy": "envvar"}},
 }
 
+FABRIC_LABELS_NODE = {"fabricLabels": {"node": True}}
+FABRIC_LABELS_NFD = {"fabricLabels": {"nfdFile": True}}
+
 VALUE_SETS = {
     "default": {},
     "dra": DRA,
+    "fabric-labels-node": FABRIC_LABELS_NODE,
+    "fabric-labels-nfd": FABRIC_LABELS_NFD,
     "sharing-cdi": SHARING_CDI,
     "nic-pools": NIC_POOLS,
     "custom-kubelet-root": CUSTOM_KUBELET,
@@ -420,7 +425,8 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     daemon = json.loads(_daemon_python("import json; from plugin.config import schema; print(json.dumps(schema()))").stdout)
     chart = json.loads((CHART / "values.schema.json").read_text())
     chart_config = chart["properties"]["config"]["properties"]
-    chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress", "cdiSpecDir", "draResources"}
+    chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress", "cdiSpecDir", "draResources",
+                     "fabricLabelsFile", "fabricLabelsNode"}
     # NVIDIA's own keys are for NVIDIA config files brought along unchanged, not for chart values.
     nvidia_only = set(json.loads(_daemon_python(
         "import json; from plugin.config.nvidia import FLAG_PROPERTIES as F; print(json.dumps(list(F)))").stdout))
@@ -648,6 +654,8 @@ BAD_VALUES = [
     ("--set-json", 'dra.resources=["Bad Name"]', "/dra/resources/0"),
     ("--set", "dra.driverName=x.dev", "driverName"),  # fixed in the daemon
     ("--set", "config.flags.draResources=nvidia.com/gpu", "draResources"),  # the chart owns this flag
+    ("--set", "config.flags.fabricLabelsFile=/x/clique", "fabricLabelsFile"),  # fabricLabels.nfdFile owns it
+    ("--set", "fabricLabels.nfdFeaturesDir=relative/dir", "/fabricLabels/nfdFeaturesDir"),
 ]
 
 
@@ -824,3 +832,48 @@ def test_dra_without_example_templates(helm, tmp_path):
     r = render(helm, tmp_path, {"dra": {"resources": ["nvidia.com/gpu"], "deviceClasses": False}})
     assert not any(o["kind"] in ("DeviceClass", "ResourceClaimTemplate") for o in r.objects)
     assert r.get("ClusterRole")
+
+
+# ---- the fabric clique label (fabricLabels) ---------------------------------------------------------
+
+
+def test_fabric_labels_off_by_default(default):
+    assert not any(a.startswith("--fabric-labels") for a in default.container["args"])
+    assert default.pod_spec["automountServiceAccountToken"] is False
+    assert "nfd-features" not in {v["name"] for v in default.pod_spec["volumes"]}
+
+
+def test_fabric_labels_node_gets_a_token_and_only_get_patch_on_nodes(helm, tmp_path):
+    r = render(helm, tmp_path, FABRIC_LABELS_NODE)
+    assert "--fabric-labels-node" in r.container["args"]
+    assert not any(a.startswith("--fabric-labels-file") for a in r.container["args"])
+    assert r.pod_spec["automountServiceAccountToken"] is True
+    env = {e["name"]: e for e in r.container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    role = r.get("ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    binding = r.get("ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": r.get("ServiceAccount")["metadata"]["name"],
+                                    "namespace": NAMESPACE}]
+    assert "nfd-features" not in {v["name"] for v in r.pod_spec["volumes"]}
+
+
+def test_fabric_labels_nfd_file_mounts_features_d_and_needs_no_api(helm, tmp_path):
+    r = render(helm, tmp_path, FABRIC_LABELS_NFD)
+    features = "/etc/kubernetes/node-feature-discovery/features.d"
+    assert f"--fabric-labels-file={features}/topo-device-plugin-clique" in r.container["args"]
+    assert "--fabric-labels-node" not in r.container["args"]
+    volumes = {v["name"]: v["hostPath"] for v in r.pod_spec["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in r.container["volumeMounts"]}
+    assert volumes["nfd-features"] == {"path": features, "type": "DirectoryOrCreate"}
+    assert mounts["nfd-features"]["mountPath"] == features and not mounts["nfd-features"].get("readOnly")
+    assert r.pod_spec["automountServiceAccountToken"] is False
+    assert not any(o["kind"] in ("ClusterRole", "ClusterRoleBinding") for o in r.objects)
+
+
+def test_fabric_labels_nfd_dir_is_configurable(helm, tmp_path):
+    r = render(helm, tmp_path, {"fabricLabels": {"nfdFile": True, "nfdFeaturesDir": "/opt/nfd/features.d/"}})
+    assert "--fabric-labels-file=/opt/nfd/features.d/topo-device-plugin-clique" in r.container["args"]
+    assert {v["name"]: v["hostPath"]["path"] for v in r.pod_spec["volumes"] if "hostPath" in v}[
+        "nfd-features"] == "/opt/nfd/features.d/"

@@ -2,7 +2,8 @@
 
 Why a stand-in here: these tests run where no API server exists (the real
 single-node cluster proof is tests/e2e). It answers the API's REST paths that
-the driver uses (Node get; ResourceSlice list with field selectors, create,
+the driver uses (Node get, and Node patch as a JSON merge patch for the fabric
+clique label; ResourceSlice list with field selectors, create,
 replace, delete; ResourceClaim get) over real HTTP, as the API server does:
 JSON bodies with `Content-Type: application/json`, errors as Status objects
 (404 NotFound, 409 Conflict on a stale resourceVersion in a PUT, 409
@@ -27,6 +28,7 @@ import datetime
 import itertools
 import json
 import pathlib
+import socket
 import ssl
 import uuid
 from collections.abc import Callable
@@ -77,6 +79,8 @@ class ApiServerStandIn:
         #: When set, every ResourceSlice call (and the Node get) is answered with this HTTP status.
         self.slice_failure: int | None = None
         self._released = asyncio.Event()
+        #: Node PATCHes still to refuse with 503 (an API server that is not ready), then served.
+        self.refuse_node_patches = 0
         self._rv = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -118,9 +122,11 @@ class ApiServerStandIn:
         response.headers["Content-Type"] = self.content_type
         return response
 
-    async def start(self, ssl_context: ssl.SSLContext | None = None) -> str:
+    async def start(self, ssl_context: ssl.SSLContext | None = None, sock: socket.socket | None = None) -> str:
+        """Serve on a new loopback port, or on `sock` (bound by the caller, so its address is known before)."""
         app = web.Application(middlewares=[self._http])
         app.router.add_get("/api/v1/nodes/{name}", self._get_node)
+        app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         app.router.add_get(SLICES, self._list_slices)
         app.router.add_post(SLICES, self._create_slice)
         app.router.add_get(SLICES + "/{name}", self._get_slice)
@@ -129,9 +135,15 @@ class ApiServerStandIn:
         app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", self._get_claim)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ssl_context)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        site: web.BaseSite
+        if sock is not None:
+            site = web.SockSite(self._runner, sock, ssl_context=ssl_context)
+            port = sock.getsockname()[1]
+            await site.start()
+        else:
+            site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ssl_context)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
         return self.url
 
@@ -143,6 +155,20 @@ class ApiServerStandIn:
     async def _get_node(self, request: web.Request) -> web.Response:
         node = self.nodes.get(request.match_info["name"])
         return _json(node) if node else _status(404, "NotFound", "node not found")
+
+    async def _patch_node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        node = self.nodes.get(name)
+        if node is None:
+            return _status(404, "NotFound", f"nodes \"{name}\" not found")
+        if request.content_type != "application/merge-patch+json":
+            return _status(415, "UnsupportedMediaType", f"the stand-in takes merge patches, not {request.content_type}")
+        if self.refuse_node_patches > 0:
+            self.refuse_node_patches -= 1
+            return _status(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+        self.writes.append(("PATCH", name))
+        self.nodes[name] = _merge_patch(node, await request.json())
+        return _json(self.nodes[name])
 
     async def _get_claim(self, request: web.Request) -> web.Response:
         ns, name = request.match_info["ns"], request.match_info["name"]
@@ -222,6 +248,19 @@ class ApiServerStandIn:
             return _status(404, "NotFound", f"resourceslices.resource.k8s.io \"{name}\" not found")
         self.writes.append(("DELETE", name))
         return _json(old)
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies `application/merge-patch+json`: null removes a key."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge_patch(out.get(key), value)
+    return out
 
 
 def write_kubeconfig(path: pathlib.Path, server: str, user: dict | None = None, ca: str | None = None) -> str:

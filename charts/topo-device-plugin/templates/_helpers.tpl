@@ -152,6 +152,16 @@ capabilities:
 {{- if .Values.dra.resources }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the daemon calls the API server: the DRA driver, or the Node label (fabricLabels.node). */}}
+{{- define "topo-device-plugin.apiAccess" -}}
+{{- if or (include "topo-device-plugin.draEnabled" .) .Values.fabricLabels.node }}true{{ end }}
+{{- end }}
+
+{{/* The NFD feature file the daemon keeps the clique label in (fabricLabels.nfdFile). */}}
+{{- define "topo-device-plugin.nfdFeatureFile" -}}
+{{ trimSuffix "/" .Values.fabricLabels.nfdFeaturesDir }}/topo-device-plugin-clique
+{{- end }}
+
 {{/* The DRA driver's name: fixed in the daemon (plugin/dra/slices.py SliceOptions.driver_name). */}}
 {{- define "topo-device-plugin.draDriver" -}}
 topo.dev
