@@ -142,12 +142,11 @@ def add_dra_services(server: grpc.aio.Server, preparer: ClaimPreparer, health: H
 class RegistrationService(reg_grpc.RegistrationServicer):
     """Answers the plugin watcher: who we are and where the DRA service listens."""
 
-    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None] | None = None,
-                 health: bool = True):
+    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None] | None = None):
         self.driver = driver
         self.endpoint = endpoint
         #: What GetInfo lists: the DRAPlugin versions first (the kubelet takes the first it knows), then health.
-        self.services = SUPPORTED_SERVICES + (HEALTH_SERVICES if health else ())
+        self.services = SUPPORTED_SERVICES + HEALTH_SERVICES
         self.on_status = on_status
         #: (registered, error) of the last NotifyRegistrationStatus; None before the first.
         self.status: tuple[bool, str] | None = None
