@@ -11,6 +11,8 @@ Stubs (under plugin/api/):
 - `pluginregistration/v1/api_pb2*`: the plugin watcher's Registration service;
 - `dra/v1/api_pb2*`, `dra/v1beta1/api_pb2*`: the kubelet's DRA plugin service,
   the newest version Kubernetes 1.37 offers and the previous one;
+- `drahealth/v1/api_pb2*`, `drahealth/v1alpha1/api_pb2*`: the kubelet's DRA
+  health stream (DRAResourceHealth), 1.37's version and 1.36's;
 - `podresources/v1/api_pb2*`: the kubelet's pod-resources API (List).
 
 The DRA and registration files are compiled with their path under proto/ as
@@ -31,7 +33,7 @@ PROTO_ROOT = ROOT / "proto"
 PROTO_DIR = PROTO_ROOT / "deviceplugin" / "v1beta1"
 #: Kubelet APIs compiled with their path under proto/ (and generated into the same sub-directory).
 NESTED_PROTOS = ("pluginregistration/v1/api.proto", "dra/v1/api.proto", "dra/v1beta1/api.proto",
-                 "podresources/v1/api.proto")
+                 "drahealth/v1/api.proto", "drahealth/v1alpha1/api.proto", "podresources/v1/api.proto")
 _INIT_TEXT = '"""Generated stubs; regenerate with scripts/gen_proto.py."""\n'
 
 

@@ -1,7 +1,8 @@
 """The committed gRPC stubs match the .proto files, and those match the kubelet's wire format.
 
 Covered: the device plugin API (v1beta1), the plugin watcher's registration API
-(pluginregistration), the kubelet's DRA plugin service (dra v1 and v1beta1, Kubernetes 1.37)
+(pluginregistration), the kubelet's DRA plugin service (dra v1 and v1beta1, Kubernetes 1.37), its DRA
+health stream (dra-health v1 and v1alpha1)
 and the kubelet's pod-resources API (podresources v1, Kubernetes 1.37).
 """
 
@@ -167,6 +168,33 @@ def test_podresources_api_matches_the_kubelet():
     assert svc.full_name == "v1.PodResourcesLister"
     assert [m.name for m in svc.methods] == ["List", "GetAllocatableResources", "Get"]
     assert svc.methods_by_name["List"].output_type.name == "ListPodResourcesResponse"
+
+
+# k8s.io/kubelet/pkg/apis/dra-health/{v1,v1alpha1}/api.proto (1.37): packages `v1` and `v1alpha1`, same messages.
+DRA_HEALTH_API = {
+    "NodeWatchResourcesRequest": {},
+    "DeviceIdentifier": {"pool_name": (1, False), "device_name": (2, False)},
+    "DeviceHealth": {"device": (1, False), "health": (2, False), "last_updated_time": (3, False),
+                     "health_check_timeout_seconds": (4, False), "message": (5, False)},
+    "NodeWatchResourcesResponse": {"devices": (1, True)},
+}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_dra_health_api_matches_the_kubelet(version):
+    import importlib
+
+    pb2 = importlib.import_module(f"plugin.api.drahealth.{version}.api_pb2")
+    assert pb2.DESCRIPTOR.package == version
+    _wire(pb2.DESCRIPTOR, DRA_HEALTH_API)
+    status = pb2.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+    assert {v.name: v.number for v in status.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    svc = pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    # What the kubelet matches against PluginInfo.supported_versions, and its method path
+    # /<version>.DRAResourceHealth/NodeWatchResources: a server stream.
+    assert svc.full_name == f"{version}.DRAResourceHealth"
+    (method,) = svc.methods
+    assert method.name == "NodeWatchResources" and method.server_streaming and not method.client_streaming
 
 
 def test_service_method_paths():

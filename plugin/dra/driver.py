@@ -38,6 +38,7 @@ from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ..model.cdi import CdiOptions
 from .cdi import ClaimCdi, ClaimSpecs
 from .checkpoint import ClaimCheckpoint
+from .health_service import HealthBoard
 from .paths import DraPaths, new_instance_id
 from .prepare import ClaimPreparer, PrepareLimits
 from .publisher import SlicePublisher
@@ -66,6 +67,8 @@ class DraOptions:
     prepare_limits: PrepareLimits = PrepareLimits()
     #: Seconds in-flight kubelet calls get to finish on stop before they are cancelled.
     stop_grace_s: float = 1.0
+    #: Seconds between repeats of the device health list on the kubelet's DRAResourceHealth stream.
+    health_heartbeat_s: float = 10.0
 
     @property
     def driver_name(self) -> str:
@@ -99,6 +102,8 @@ class DraDriver:
         self.owns_api = owns_api
         self.publisher = SlicePublisher(api, options.slices, resync_s=options.resync_s)
         self.registration = RegistrationService(options.driver_name, self.paths.service_socket, self._on_registered)
+        #: Device health for the kubelet's pod status (plugin/dra/health_service.py).
+        self.health = HealthBoard(options.slices, heartbeat_s=options.health_heartbeat_s)
         self._topology: NodeTopology | None = None
         self._service: grpc.aio.Server | None = None
         self._registrar: grpc.aio.Server | None = None
@@ -118,6 +123,7 @@ class DraDriver:
     async def start(self, topology: NodeTopology) -> None:
         """Serve and register; raises CheckpointError (naming the file) when the checkpoint is unusable."""
         self._topology = topology
+        self.health.update(topology)
         self.paths.make_dirs()
         claims = self.checkpoint.check()
         for uid in await self.checkpoint.update(self._remove_orphan_specs):
@@ -127,7 +133,7 @@ class DraDriver:
         self.preparer = preparer = ClaimPreparer(
             options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi, read_claim=self.api.get_claim,
             topology=lambda: self.topology, limits=self.options.prepare_limits)
-        self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer))
+        self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer, self.health))
         self._registrar = await _serve(self.paths.registration_socket,
                                        lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))
         self.publisher.start(topology)
@@ -159,8 +165,9 @@ class DraDriver:
         return True, f"DRA driver {name} registered, {why}"
 
     def update(self, topology: NodeTopology) -> None:
-        """A new topology: prepare answers from it at once, the slices follow."""
+        """A new topology: prepare and the kubelet's health stream answer from it at once, the slices follow."""
         self._topology = topology
+        self.health.update(topology)
         self.publisher.update(topology)
 
     async def stop(self, grace: float | None = None) -> None:
@@ -177,6 +184,7 @@ class DraDriver:
                 os.unlink(self.paths.registration_socket)
             await registrar.stop(grace)
         await self.publisher.stop()
+        self.health.close()  # health streams end now, not after the grace
         if service is not None:
             await service.stop(grace)
             with contextlib.suppress(FileNotFoundError):

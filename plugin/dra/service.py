@@ -1,5 +1,9 @@
 """The gRPC services the kubelet calls: DRAPlugin (v1 and v1beta1) and the plugin watcher's Registration.
 
+The DRA socket also serves DRAResourceHealth (plugin/dra/health_service.py);
+the registration lists it after the DRAPlugin versions, which is how the
+kubelet learns it may open the health stream.
+
 Why both DRA versions: the kubelet picks the first entry of our
 `supported_versions` it knows ("v1.DRAPlugin" on 1.34+, "v1beta1.DRAPlugin"
 on older kubelets), so one driver binary works across the supported
@@ -32,6 +36,7 @@ from ..api.pluginregistration.v1 import api_pb2 as reg_pb2
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ..errors import shorten
 from .cdi import BadClaimUid, CdiDirError, check_claim_uid
+from .health_service import HEALTH_SERVICES, HealthBoard, add_health_services
 from .prepare import ClaimPreparer, ClaimRef, PrepareError
 
 log = logging.getLogger(__name__)
@@ -127,9 +132,11 @@ DraServiceV1 = _servicer(dra_v1, dra_v1_grpc, "v1")
 DraServiceV1beta1 = _servicer(dra_v1beta1, dra_v1beta1_grpc, "v1beta1")
 
 
-def add_dra_services(server: grpc.aio.Server, preparer: ClaimPreparer) -> None:
+def add_dra_services(server: grpc.aio.Server, preparer: ClaimPreparer, health: HealthBoard | None = None) -> None:
     dra_v1_grpc.add_DRAPluginServicer_to_server(DraServiceV1(preparer), server)
     dra_v1beta1_grpc.add_DRAPluginServicer_to_server(DraServiceV1beta1(preparer), server)
+    if health is not None:
+        add_health_services(server, health)
 
 
 class RegistrationService(reg_grpc.RegistrationServicer):
@@ -138,13 +145,15 @@ class RegistrationService(reg_grpc.RegistrationServicer):
     def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool, str], None] | None = None):
         self.driver = driver
         self.endpoint = endpoint
+        #: What GetInfo lists: the DRAPlugin versions first (the kubelet takes the first it knows), then health.
+        self.services = SUPPORTED_SERVICES + HEALTH_SERVICES
         self.on_status = on_status
         #: (registered, error) of the last NotifyRegistrationStatus; None before the first.
         self.status: tuple[bool, str] | None = None
 
     async def GetInfo(self, request, context):  # noqa: N802
         return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint,
-                                  supported_versions=list(SUPPORTED_SERVICES))
+                                  supported_versions=list(self.services))
 
     async def NotifyRegistrationStatus(self, request, context):  # noqa: N802
         self.status = (request.plugin_registered, request.error)

@@ -8,7 +8,10 @@ and pkg/kubelet/cm/dra/plugin (Kubernetes 1.37):
   knows, chosen as the first of the plugin's list the kubelet supports), then
   NotifyRegistrationStatus;
 - call NodePrepareResources / NodeUnprepareResources on the advertised endpoint
-  with the chosen service version.
+  with the chosen service version;
+- pick the newest DRAResourceHealth service both sides list (optional: none is
+  fine) and open its NodeWatchResources stream on the same endpoint
+  (dra_plugin_manager.go pickHealthService, dra_plugin.go NodeWatchResources).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from plugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 #: What a 1.37 kubelet supports, newest first (pkg/kubelet/cm/dra/plugin servicesSupportedByKubelet).
 KUBELET_137_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+#: The health services a 1.37 kubelet supports, newest first (healthServicesSupportedByKubelet); 1.36: v1alpha1.
+KUBELET_137_HEALTH = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 class RegistrationRefused(AssertionError):
@@ -37,6 +42,17 @@ class RegisteredPlugin:
     endpoint: str
     service: str  # "v1.DRAPlugin" or "v1beta1.DRAPlugin"
     socket: str
+    health_service: str | None = None  # "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth" or None
+
+    def watch_health(self, channel: grpc.aio.Channel) -> Any:
+        """Open NodeWatchResources on `channel` (to `endpoint`) with the negotiated version: the call,
+        iterable over NodeWatchResourcesResponse messages; `.cancel()` ends it as the kubelet does."""
+        if self.health_service is None:
+            raise AssertionError("the plugin does not list a DRAResourceHealth service the kubelet supports")
+        version = self.health_service.split(".", 1)[0]
+        pb2 = importlib.import_module(f"plugin.api.drahealth.{version}.api_pb2")
+        grpc_mod = importlib.import_module(f"plugin.api.drahealth.{version}.api_pb2_grpc")
+        return grpc_mod.DRAResourceHealthStub(channel).NodeWatchResources(pb2.NodeWatchResourcesRequest())
 
     @property
     def version(self) -> str:
@@ -67,7 +83,8 @@ def registration_sockets(kubelet_root: str) -> list[str]:
     return sorted(os.path.join(d, n) for n in os.listdir(d) if not n.startswith(".") and n.endswith(".sock"))
 
 
-async def register(socket_path: str, kubelet_services: tuple[str, ...] = KUBELET_137_SERVICES) -> RegisteredPlugin:
+async def register(socket_path: str, kubelet_services: tuple[str, ...] = KUBELET_137_SERVICES,
+                   kubelet_health: tuple[str, ...] = KUBELET_137_HEALTH) -> RegisteredPlugin:
     async with grpc.aio.insecure_channel(f"unix:{socket_path}") as ch:
         stub = reg_grpc.RegistrationStub(ch)
         info = await stub.GetInfo(reg_pb2.InfoRequest(), timeout=1)  # the kubelet allows one second
@@ -86,4 +103,5 @@ async def register(socket_path: str, kubelet_services: tuple[str, ...] = KUBELET
             reg_pb2.RegistrationStatus(plugin_registered=problem is None, error=problem or ""), timeout=10)
         if problem:
             raise RegistrationRefused(problem)
-        return RegisteredPlugin(info.name, endpoint, chosen, socket_path)
+        health = next((s for s in kubelet_health if s in info.supported_versions), None)
+        return RegisteredPlugin(info.name, endpoint, chosen, socket_path, health)
