@@ -41,7 +41,7 @@ from ..api.drahealth.v1 import api_pb2 as health_v1
 from ..api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from ..api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from ..api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from ..event_wait import wait_event
+from ..watch.event_wait import wait_event
 from .slices import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
