@@ -23,7 +23,7 @@ import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from allocator import NodeTopology, Policy
 from allocator.topology import Device
@@ -31,7 +31,6 @@ from allocator.topology import Device
 from .cdi.sync import SpecSync
 from .errors import InputError, TopoDevicePluginError
 from .filewatch import watch_file
-from .health_endpoint import HealthServer
 from .metrics import Metrics
 from .pairing_service import PairingService
 from .pod_resources import DEFAULT_TIMEOUT_S as POD_RESOURCES_TIMEOUT_S
@@ -53,6 +52,9 @@ from .search_pool import SearchPool
 from .server import PolicyFactory, RequestHandling, ResourceServer
 from .serving_modes import DraDevices, split
 from .sources.base import TopologySource
+
+if TYPE_CHECKING:
+    from .health_endpoint import HealthServer
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +280,10 @@ class Daemon:
                                          self._on_socket_removed)
         self._watcher.start()
         if self.options.metrics_address:
+            # Imported here, at start-up and only when configured: the HTTP server and h11 cost memory
+            # a daemon without the endpoint does not need (docs/deployment.md, "Memory").
+            from .health_endpoint import HealthServer
+
             self.health_server = HealthServer(self.options.metrics_address, self.metrics, self.ready)
             await self.health_server.start()
 

@@ -22,7 +22,7 @@ from click.core import ParameterSource
 from ..config import Config, ConfigError, load_config
 from ..config.flags import BY_DEST, Option, options_for, restart_needed
 from ..gpu_allocate import GpuAllocateOptions
-from ..http_server import parse_address
+from ..address import parse_address
 from ..nic_pools import NicPool, parse_pools
 from ..resources import ResourceOptions
 from ..serving_modes import check_modes
