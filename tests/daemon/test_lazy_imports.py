@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from daemon_testlib import GPU
+from daemon_testlib import GPU, until
 from topo_testkit import pythonpath_env
 
 from test_metrics_health import free_port
@@ -73,3 +73,41 @@ async def test_a_configured_part_is_imported_at_start_up_before_any_request(kube
     modules = await serve_and_list_modules(kubelet, plugin_dir, tmp_path, *args, preferred=False)
     assert loaded(modules, wanted) == list(wanted)
     assert loaded(modules, DRA) == []
+
+
+async def test_the_first_re_registration_loads_nothing_later_ones_do_not(kubelet, plugin_dir, tmp_path):
+    """A kubelet restart re-registers with what start-up already loaded: no module and no thread is
+    added by the first re-registration (lazy set-up there would make the first restart the slow one)."""
+    out = tmp_path / "modules.txt"
+    log = open(tmp_path / "daemon.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "topo_testkit.with_module_log", str(out), "topo_testkit.with_fake_nvml", NODE,
+         "serve", "--device-plugin-path", plugin_dir, "--device-id-strategy", "index"],
+        cwd=ROOT, env=pythonpath_env(dict(os.environ)), stdout=log, stderr=subprocess.STDOUT)
+
+    async def snapshot(n: int) -> tuple[set[str], int]:
+        proc.send_signal(signal.SIGUSR1)
+        path = tmp_path / f"modules.txt.{n}"
+        await until(path.exists, 30, f"the daemon's module list {n}")
+        return set(path.read_text().split()), len(os.listdir(f"/proc/{proc.pid}/task"))
+
+    try:
+        await kubelet.wait_for(lambda: bool(kubelet.devices(GPU)), timeout=60)
+        resources = sorted(kubelet.clients)
+        loaded_at_start, threads_at_start = await snapshot(1)
+        states = []
+        for n in range(2):
+            await kubelet.restart()
+            await kubelet.wait_for(lambda: all(len(kubelet.registrations_of(r)) >= n + 2 for r in resources)
+                                   and all(c.devices for c in kubelet.clients.values()), timeout=60)
+            states.append(await snapshot(n + 2))
+        (after_first, threads_first), (after_second, threads_second) = states
+        assert sorted(after_first - loaded_at_start) == []
+        assert sorted(after_second - after_first) == []
+        assert threads_first == threads_at_start == threads_second
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, (tmp_path / "daemon.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
