@@ -33,6 +33,8 @@ from topo_testkit import pythonpath_env  # noqa: E402
 GPU = "nvidia.com/gpu"
 #: Modules a device-plugin daemon should not import unless its mode needs them.
 OPTIONAL = ("jsonschema", "h11", "lightkube")
+#: A 4-GPU node as `nvidia-smi topo -m` prints it.
+TEXT_NODE = "older-driver-4gpu-tab-aligned.txt"
 
 
 def status_mib(pid: int, field: str) -> float:
@@ -56,7 +58,11 @@ def modes(node: str, tmp: str) -> list[tuple[str, list[str], list[str]]]:
     with open(config, "w") as f:
         f.write("version: v1\nflags:\n  deviceIdStrategy: index\n")
     nvml = ["topo_testkit.with_fake_nvml", node]
+    # The double reads a YAML node through the product's loader, which validates it (jsonschema in the
+    # process, though the daemon itself never validates anything); `nvidia-smi topo -m` text is not.
+    text = ["topo_testkit.with_fake_nvml", str(ROOT / "tests" / "sources" / "topo_outputs" / TEXT_NODE)]
     return [
+        ("device plugin, NVML (4-GPU topo -m node)", text, []),
         ("device plugin, NVML", nvml, []),
         ("device plugin, NVML, --config", nvml, ["--config", config]),
         ("device plugin, NVML, --metrics-address", nvml, ["--metrics-address", f"127.0.0.1:{free_port()}"]),
