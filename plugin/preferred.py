@@ -14,10 +14,10 @@ a request from freezing or bloating the daemon live here, next to each other.
   loop waiting for up to the interpreter's switch interval (5 ms) anyway; one
   that is certain to end well inside it delays other RPCs no more on the loop
   than on a thread, and it saves the two thread hand-offs that cost about
-  0.5 ms, as much as the whole empty RPC (measured: the worst search under
-  these bounds, on irregular 16- and 64-GPU nodes built so that no symmetry
-  helps, took 1.5 ms on a loaded 2-core machine; with partners on a DGX-2,
-  1.1 ms; `benchmarks/loop_bound_bench.py`).
+  0.5 ms, as much as the whole empty RPC (measured with
+  `benchmarks/loop_bound_bench.py`: the slowest search under these bounds, on
+  irregular 16- and 64-GPU nodes built so that no symmetry helps, took about
+  2 ms on a loaded 2-core machine, and with partners on a DGX-2 about 3 ms).
 - Every other request is validated and searched on the `SearchPool`'s
   threads, one container request at a time (validation in the same job as
   the first search), so the loop stays free and a second request is not
