@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import SearchPolicy
-from ..scoring import score_idx
+from ..scoring import min_span_idx, score_idx
 from .paired import (
     PairedObjective,
     PairedProblem,
@@ -41,6 +41,9 @@ class NumaFirstPolicy(SearchPolicy):
     def paired_shortcut(self, problem: PairedProblem) -> tuple[int, ...] | None:
         return _with_largest_score(problem)
 
+    def shortcut(self, problem: Problem) -> tuple[int, ...] | None:
+        return uniform_lowest(problem)
+
 
 @dataclass(frozen=True)
 class LinkFirstPolicy(SearchPolicy):
@@ -60,6 +63,41 @@ class LinkFirstPolicy(SearchPolicy):
 
     def paired_shortcut(self, problem: PairedProblem) -> tuple[int, ...] | None:
         return _with_largest_score(problem)
+
+    def shortcut(self, problem: Problem) -> tuple[int, ...] | None:
+        return uniform_lowest(problem)
+
+
+def uniform_lowest(p: Problem) -> tuple[int, ...] | None:
+    """The optimum without a search when every two available GPUs have the same link (NVSwitch
+    nodes: DGX A100, DGX H100), else None.
+
+    Why it is exact for both GPU policies: with one weight w between every two available GPUs,
+    W(S) = w*k(k-1)/2 and W(A\\S) = w*(a-k)(a-k-1)/2 are the same for every set of k, so the
+    objective is left with span (smallest first) and the tie rule (the lexicographically smallest
+    sorted tuple of positions). Taking each free GPU, lowest position first, whenever a set of the
+    smallest span can still be completed with it gives exactly that set (a sorted tuple is smallest
+    when its first differing member is). Costs O(a^2) against a search's set-up and branch and bound.
+    """
+    avail = p.available
+    w = p.graph.weights
+    link = w[avail[0]][avail[1]] if len(avail) > 1 else 0
+    for n, a in enumerate(avail):
+        row = w[a]
+        for b in avail[n + 1:]:
+            if row[b] != link:
+                return None
+    span = p.min_span()
+    chosen = list(p.must)
+    free = p.free
+    for n, x in enumerate(free):
+        if len(chosen) == p.size:
+            break
+        trial = [*chosen, x]
+        rest = free[n + 1:]
+        if len(trial) + len(rest) >= p.size and min_span_idx(p.graph, (*trial, *rest), trial, p.size) <= span:
+            chosen = trial
+    return tuple(sorted(chosen))
 
 
 def _with_largest_score(pp: PairedProblem) -> tuple[int, ...] | None:

@@ -6,9 +6,22 @@ a request from freezing or bloating the daemon live here, next to each other.
 - Absurd requests are refused before any work proportional to their size:
   more container requests than the resource has devices (the kubelet sends
   one per call), more IDs than devices, IDs longer than any advertised ID.
-- Validation and every search run on the `SearchPool`'s threads, one
-  container request at a time, so the loop stays free and a second request
-  is not queued behind all of a big one.
+- A request whose searches are provably cheap is answered on the event
+  loop (`on_loop`): at most `LOOP_MAX_DEVICES` devices in the resource and at
+  most `LOOP_MAX_SETS` candidate sets C(|available| - |must|, size - |must|)
+  summed over its container requests (forced answers count one). Why that
+  is safe: the search holds the GIL, so a search on a worker thread keeps the
+  loop waiting for up to the interpreter's switch interval (5 ms) anyway; one
+  that is certain to end well inside it delays other RPCs no more on the loop
+  than on a thread, and it saves the two thread hand-offs that cost about
+  0.5 ms, as much as the whole empty RPC (measured with
+  `benchmarks/loop_bound_bench.py`: the slowest search under these bounds, on
+  irregular 16- and 64-GPU nodes built so that no symmetry helps, took about
+  2 ms on a loaded 2-core machine, and with partners on a DGX-2 about 3 ms).
+- Every other request is validated and searched on the `SearchPool`'s
+  threads, one container request at a time (validation in the same job as
+  the first search), so the loop stays free and a second request is not
+  queued behind all of a big one.
 - A whole-request deadline, `DEFAULT_DEADLINE_S`. The kubelet puts no
   deadline on GetPreferredAllocation (or Allocate): it calls them with a
   background context inside pod admission, which it does one pod at a time,
@@ -31,6 +44,7 @@ a request from freezing or bloating the daemon live here, next to each other.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 from allocator import Allocation, AllocationError, AllocationRequest, Policy
@@ -43,6 +57,33 @@ from ..api import api_pb2
 DEFAULT_DEADLINE_S = 1.0
 #: The budget of a search that starts after the deadline: the greedy answer and nothing more.
 _NO_TIME_S = 1e-6
+#: Largest resource (devices) whose requests may be answered on the event loop: validation and
+#: the search's set-up are linear in the resource's devices, so a large one goes to the pool whatever it asks.
+LOOP_MAX_DEVICES = 64
+#: Most candidate sets (summed over a call's container requests) answered on the event loop (module doc).
+LOOP_MAX_SETS = 2048
+
+
+def candidate_sets(available: int, must: int, size: int) -> int:
+    """How many sets a search may choose from: C(available - must, size - must); 1 when the answer is forced
+    (everything, or only the must-include) or the request is invalid (validation, linear, refuses it)."""
+    free, picks = available - must, size - must
+    if picks <= 0 or free <= picks:
+        return 1
+    return math.comb(free, picks)
+
+
+def on_loop(request: api_pb2.PreferredAllocationRequest, devices: int) -> bool:
+    """True when every search of `request` (already through `check_shape`) is provably cheap (module doc)."""
+    if devices > LOOP_MAX_DEVICES:
+        return False
+    total = 0
+    for creq in request.container_requests:
+        total += candidate_sets(len(creq.available_deviceIDs), len(creq.must_include_deviceIDs),
+                                creq.allocation_size)
+        if total > LOOP_MAX_SETS:
+            return False
+    return True
 
 
 def check_shape(request: api_pb2.PreferredAllocationRequest, devices: int) -> None:
@@ -76,6 +117,33 @@ def validate_all(graph: DeviceGraph, request: api_pb2.PreferredAllocationRequest
             raise AllocationError(f"container_requests[{i}]: {e}") from None
         out.append(req)
     return out
+
+
+def answer_here(policy: Policy, graph: DeviceGraph, request: api_pb2.PreferredAllocationRequest,
+                partners: Partners) -> list[Allocation]:
+    """Every container request answered in this thread (the event loop: only under `on_loop`).
+
+    One container request (all the kubelet sends) is validated once, by the policy itself, which
+    runs the very checks `validate_all` runs; several are all validated before the first search,
+    as on the pool, so a bad one refuses the call before any work.
+    """
+    if len(request.container_requests) == 1:
+        creq = request.container_requests[0]
+        req = AllocationRequest.of(creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size,
+                                   partners)
+        try:
+            return [policy.allocate(graph, req)]
+        except AllocationError as e:
+            raise AllocationError(f"container_requests[0]: {e}") from None
+    return [policy.allocate(graph, req) for req in validate_all(graph, request, partners)]
+
+
+def validate_and_search_first(policy: Policy, graph: DeviceGraph, request: api_pb2.PreferredAllocationRequest,
+                              partners: Partners) -> tuple[list[AllocationRequest], Allocation]:
+    """Every container request validated, and the first one answered with the policy's full budget:
+    one job on a worker thread, so a request of one container (all the kubelet sends) costs one hand-off."""
+    requests = validate_all(graph, request, partners)
+    return requests, policy.allocate(graph, requests[0])
 
 
 def search(policy: Policy, graph: DeviceGraph, request: AllocationRequest, deadline: float | None) -> Allocation:

@@ -24,7 +24,7 @@ from ..config import Config, ConfigError, load_config
 from ..config.flags import BY_DEST, KIND_FIX, Option, options_for, restart_needed
 from ..errors import InputError, OptionError
 from ..model.gpu_allocate import GpuAllocateOptions
-from ..observability.http_server import parse_address
+from ..observability.address import parse_address
 from ..model.nic_pools import NicPool, parse_pools
 from ..model.resource_names import check_resource_name
 from ..model.resources import ResourceOptions

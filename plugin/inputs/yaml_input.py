@@ -12,6 +12,11 @@ reaches every node. A file must never stop the daemon or bloat it, so:
   the parser recurses far enough for a `RecursionError`;
 - schema messages quote at most a few dozen characters of the offending value.
 
+jsonschema is imported by the first validation, not with this module: it costs
+about 8 MiB of resident memory, and a daemon that reads neither a config file nor a
+node file (NVML discovery, flags only) never validates anything. A daemon that does
+validates at start-up, so the import never lands inside an RPC or a live reload.
+
 Every failure is a `YamlProblem` (message, line, fix) that the caller turns
 into its own input error naming the file.
 """
@@ -21,14 +26,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
 from yaml.composer import ComposerError
 
 from ..errors import shorten
 from .yamlpath import field_path, line_of
+
+if TYPE_CHECKING:
+    import jsonschema
 
 MAX_FILE_BYTES = 1 << 20
 MAX_DEPTH = 64
@@ -116,6 +123,8 @@ class SchemaProblem:
 def first_schema_error(schema: dict[str, Any], data: Any, root: yaml.Node | None) -> SchemaProblem | None:
     """The first (by path) way `data` breaks `schema`, with a short message and its line."""
     try:
+        import jsonschema  # here, not at the top: see the module docstring
+
         errors: Iterable[jsonschema.ValidationError] = jsonschema.Draft202012Validator(schema).iter_errors(data)
         first = min(errors, key=lambda e: list(e.absolute_path), default=None)
     except (RecursionError, MemoryError) as e:

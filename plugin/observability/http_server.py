@@ -43,6 +43,8 @@ from dataclasses import dataclass
 
 import h11
 
+from .address import parse_address
+
 log = logging.getLogger(__name__)
 
 _READ_CHUNK = 4096
@@ -90,21 +92,6 @@ class HTTPResponse:
 
 #: Routes one request; runs on the loop, so it must not block.
 Handler = Callable[[HTTPRequest], HTTPResponse]
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """`HOST:PORT`, `[V6]:PORT` or `:PORT` (all IPv4 interfaces) -> (host, port)."""
-    host, sep, port_text = address.rpartition(":")
-    host = host.strip()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        port = -1
-    if not sep or not 0 <= port <= 65535 or ("[" in host or "]" in host):
-        raise ValueError(f"metrics address {address!r} is not HOST:PORT (for example 0.0.0.0:9400 or [::]:9400)")
-    return host or "0.0.0.0", port
 
 
 @dataclass(eq=False)

@@ -23,6 +23,7 @@ import signal
 import stat
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from allocator import NodeTopology, Policy
 
@@ -33,7 +34,6 @@ from ..errors import InputError, TopoDevicePluginError
 from ..model.cdi.sync import SpecSync
 from ..model.resources import Resource, ResourceOptions, build_resources
 from ..model.serving_modes import DraDevices, split
-from ..observability.health_endpoint import HealthServer
 from ..observability.metrics import Metrics
 from ..observability.ratelimited_log import RateLimitedLog, UndecodableRequestLog
 from ..serving.registration import KUBELET_SOCKET, PluginDirWatcher
@@ -47,6 +47,9 @@ from .signals import LoopSignals
 from .supervisor import Supervisor
 
 __all__ = ["Daemon", "DaemonOptions", "DraFactory", "DraSide", "default_policy_factory", "run_daemon"]
+
+if TYPE_CHECKING:
+    from ..observability.health_endpoint import HealthServer
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +198,10 @@ class Daemon:
                                          self._on_socket_removed)
         self._watcher.start()
         if self.options.metrics_address:
+            # Imported here, at start-up and only when configured: the HTTP server and h11 cost memory
+            # a daemon without the endpoint does not need (docs/deployment.md, "Memory").
+            from ..observability.health_endpoint import HealthServer
+
             self.health_server = HealthServer(self.options.metrics_address, self.metrics, self.ready)
             await self.health_server.start()
 

@@ -26,7 +26,7 @@ from typing import NoReturn
 
 import grpc
 
-from allocator import AllocationError, Policy
+from allocator import Allocation, AllocationError, Policy
 from allocator.pairing import pair_label
 from allocator.request import brief_ids
 
@@ -195,36 +195,52 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(self, request, context):  # noqa: N802
         resource, policy = self._resource, self._policy
         self._metrics.rpc("GetPreferredAllocation", resource.name)
-        # The deadline counts from arrival: time spent waiting for a worker is part of it.
-        budget = self._handling.deadline_s
-        client_left = context.time_remaining()
-        if client_left is not None:
-            budget = min(budget, client_left)
-        deadline = time.monotonic() + budget
-        pool = self._handling.search
+        started = time.perf_counter()
+        graph = resource.graph
+        devices = len(resource.devices)
         try:
-            preferred.check_shape(request, len(resource.devices))
+            preferred.check_shape(request, devices)
             # Recorded at arrival: the call may end the current group (spec, "Groups").
             partners = await self._handling.pairing.partners(resource.name)
-            requests = await pool.run(preferred.validate_all, resource.graph, request, partners)
+            if preferred.on_loop(request, devices):
+                # Provably cheap (bounded: `plugin.allocation.preferred`): answered here, no thread hand-off.
+                results = preferred.answer_here(policy, graph, request, partners)
+                share = (time.perf_counter() - started) / len(results)
+                return self._preferred_response(resource.name, request, results, [share] * len(results), "loop")
+            # The deadline counts from arrival: time spent waiting for a worker is part of it.
+            budget = self._handling.deadline_s
+            client_left = context.time_remaining()
+            if client_left is not None:
+                budget = min(budget, client_left)
+            deadline = time.monotonic() + budget
+            pool = self._handling.search
+            requests, first = await pool.run(preferred.validate_and_search_first, policy, graph, request, partners)
         except AllocationError as e:
             self._reject("GetPreferredAllocation", str(e))
-        resp = api_pb2.PreferredAllocationResponse()
-        for n, req in enumerate(requests):
+        results = [first]
+        elapsed = [time.perf_counter() - started]
+        for req in requests[1:]:
             started = time.perf_counter()
-            # The first container request always gets the policy's full budget (see plugin.allocation.preferred).
-            result = await pool.run(preferred.search, policy, resource.graph, req, deadline if n else None)
-            self._metrics.preferred(resource.name, time.perf_counter() - started, result.optimal)
+            # Later container requests share what is left of the whole-request deadline (`plugin.allocation.preferred`).
+            results.append(await pool.run(preferred.search, policy, graph, req, deadline))
+            elapsed.append(time.perf_counter() - started)
+        return self._preferred_response(resource.name, request, results, elapsed, "pool")
+
+    def _preferred_response(self, name: str, request: api_pb2.PreferredAllocationRequest, results: list[Allocation],
+                            seconds: list[float], where: str) -> api_pb2.PreferredAllocationResponse:
+        """The answer to `request`, with its metrics and (rate-limited) log lines; `seconds` per result."""
+        resp = api_pb2.PreferredAllocationResponse()
+        for creq, result, took in zip(request.container_requests, results, seconds):
+            self._metrics.preferred(name, took, result.optimal, where)
             if result.pairs and log.isEnabledFor(logging.DEBUG):
                 log.debug("preferred allocation paired", extra={
-                    "resource": resource.name, "ids": ",".join(result.ids), "pairing": result.pairing,
+                    "resource": name, "ids": ",".join(result.ids), "pairing": result.pairing,
                     "pairs": ", ".join(f"{d}~{p} {pair_label(w)}" for d, p, w in result.pairs)})
             if not result.optimal:
                 self._handling.limited_log.warning(
-                    ("not-optimal", resource.name),
-                    "preferred allocation not proven optimal within the time budget",
-                    {"resource": resource.name, "size": req.size, "available": len(req.available)})
-            resp.container_responses.add(deviceIDs=list(result.ids))
+                    ("not-optimal", name), "preferred allocation not proven optimal within the time budget",
+                    {"resource": name, "size": creq.allocation_size, "available": len(creq.available_deviceIDs)})
+            resp.container_responses.add(deviceIDs=result.ids)
         return resp
 
     @_refusing(api_pb2.AllocateResponse)
