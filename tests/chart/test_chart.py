@@ -852,7 +852,8 @@ TWO_NIC_POOLS = {"config": {"nics": {"resourceList": [
      "dra.extendedResources: 'nvidia.com/gpu' is not served through DRA here"),
 ], ids=["device-plugin-name", "dra-off", "no-classes", "two-nic-pools", "existing-configmap"])
 def test_dra_extended_resource_mapping_refusals(helm, tmp_path, values, says):
-    """A node serves a name one way: the chart maps only names it serves through DRA, with a class that holds only them."""
+    """A node serves a name one way: the chart maps only names it serves through DRA, with a class
+    that holds only their devices."""
     proc = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
                     "-f", str(write_values(tmp_path, values)))
     assert proc.returncode != 0
