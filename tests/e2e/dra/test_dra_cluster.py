@@ -6,7 +6,8 @@ its example ResourceClaimTemplates; the plugin serves the simulated DGX H100 (8 
 NICs, one GPU and one NIC behind each PCIe switch, all GPUs on one NVSwitch fabric). The
 tests run in file order, each one stage of the story: registration and slices, claims
 allocated by kube-scheduler and prepared by us, PIX pairs, an unsatisfiable claim, driver
-and kubelet restarts, and unprepare on deletion.
+and kubelet restarts, unprepare on deletion, and unchanged `nvidia.com/gpu: 2` pods through the
+extended-resource mapping (on a DRA node, refused for a device-plugin name, on a device-plugin node).
 
 What a container sees: the kubelet hands our CDI IDs to the runtime (its own DRA checkpoint
 holds them; the CRI request is built from it), and containerd v2 (built here, CDI on; see
