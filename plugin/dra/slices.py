@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from allocator.topology import Device, DeviceKind, NodeTopology
+from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
 
 from ..model.identity import device_uuid
 from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
@@ -210,13 +210,38 @@ def complex_value(complex_id: str) -> str:
     return "complex-" + hashlib.sha256(complex_id.encode()).hexdigest()[:16]
 
 
+def pair_aligned_order(devices: list[Device], topology: NodeTopology) -> list[Device]:
+    """GPUs in index order, then NICs in the order of the first GPU each is close to.
+
+    Why: a claim without constraints between its requests (the one kube-scheduler makes for a pod
+    asking `nvidia.com/gpu: 2` and `topo.dev/nic: 2` through the extended-resource mapping) is
+    filled first-fit in slice order, request by request. With the k-th NIC beside the k-th GPU,
+    the first free GPUs and the first free NICs are pairs as long as pods take GPUs and NICs
+    together (docs/dra.md, benchmarks/dra_extended_pairing_bench.py). Close: one GPU–NIC complex,
+    or a PIX/PXB PCIe path. NICs close to no GPU go last; ties keep index order.
+    """
+    gpus = sorted((d for d in devices if d.kind == DeviceKind.GPU), key=lambda d: (d.index, d.name))
+    others = sorted((d for d in devices if d.kind != DeviceKind.GPU), key=lambda d: (d.index, d.name))
+
+    def close(gpu: Device, nic: Device) -> bool:
+        if gpu.complex is not None and gpu.complex == nic.complex:
+            return True
+        return topology.link(gpu.name, nic.name).level >= LinkLevel.PXB
+
+    def rank(d: Device) -> int:
+        if d.kind == DeviceKind.NIC:
+            return next((i for i, g in enumerate(gpus) if close(g, d)), len(gpus))
+        return len(gpus)
+
+    return gpus + [d for _, d in sorted(enumerate(others), key=lambda p: (rank(p[1]), p[0]))]
+
+
 def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[str, Any]]:
-    """The `spec.devices` entries for every included device, GPUs first, in index order."""
+    """The `spec.devices` entries for every included device, in `pair_aligned_order`."""
     switches = membership(pcie_switch_groups(topology), "pix")
     nvlink = membership(nvlink_domains(topology), "nvlink")
     roots = pcie_roots(topology)
-    chosen = [d for d in topology.devices if options.include(d)]
-    chosen.sort(key=lambda d: (d.kind != DeviceKind.GPU, d.index, d.name))
+    chosen = pair_aligned_order([d for d in topology.devices if options.include(d)], topology)
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}
     for d in chosen:

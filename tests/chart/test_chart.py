@@ -163,7 +163,8 @@ SHARING_CDI = {
 }
 
 DRA = {
-    "dra": {"resources": ["nvidia.com/gpu", "topo.dev/nic"], "exampleClaimTemplates": True},
+    "dra": {"resources": ["nvidia.com/gpu", "topo.dev/nic"], "exampleClaimTemplates": True,
+            "extendedResources": ["nvidia.com/gpu"]},
     "config": {"flags": {"deviceListStrategy": "envvar"}},
 }
 
@@ -808,6 +809,63 @@ def test_dra_device_classes_select_our_driver_and_kind(dra):
         kind = name.split(".")[0]
         expr = dc["spec"]["selectors"][0]["cel"]["expression"]
         assert expr == f'device.driver == "topo.dev" && device.attributes["topo.dev"].type == "{kind}"'
+
+
+def test_dra_gpu_class_maps_the_extended_resource_and_the_nic_class_does_not(dra):
+    """Unchanged pods asking for nvidia.com/gpu get a claim of gpu.topo.dev (KEP-5004); NICs were not listed."""
+    classes = _by_name(dra, "DeviceClass")
+    assert classes["gpu.topo.dev"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes["nic.topo.dev"]["spec"]
+
+
+@pytest.mark.parametrize("values, want", [
+    # the one NIC resource through DRA
+    ({"dra": {"resources": ["topo.dev/nic"], "extendedResources": ["topo.dev/nic"]}},
+     {"nic.topo.dev": "topo.dev/nic"}),
+    # the GPU resource renamed by an extra argument, as the daemon takes it
+    ({"dra": {"resources": ["example.com/gpu"], "extendedResources": ["example.com/gpu"]},
+      "extraArgs": ["--gpu-resource-name=example.com/gpu"]},
+     {"gpu.topo.dev": "example.com/gpu"}),
+    # nothing listed: no class maps a name
+    ({"dra": {"resources": ["nvidia.com/gpu", "topo.dev/nic"]}}, {}),
+], ids=["nic", "renamed-gpu", "none"])
+def test_dra_extended_resources_map_the_class_of_their_kind(helm, tmp_path, values, want):
+    r = render(helm, tmp_path, values)
+    got = {n: o["spec"]["extendedResourceName"] for n, o in _by_name(r, "DeviceClass").items()
+           if "extendedResourceName" in o["spec"]}
+    assert got == want
+
+
+TWO_NIC_POOLS = {"config": {"nics": {"resourceList": [
+    {"resourceName": "rdma_a", "resourcePrefix": "example.com", "selectors": {"vendors": ["15b3"]}},
+    {"resourceName": "rdma_b", "resourcePrefix": "example.com", "selectors": {"vendors": ["8086"]}}]}}}
+
+
+@pytest.mark.parametrize("values, says", [
+    ({"dra": {"resources": ["topo.dev/nic"], "extendedResources": ["nvidia.com/gpu"]}},
+     "dra.extendedResources: 'nvidia.com/gpu' is not served through DRA here (dra.resources: [topo.dev/nic]): "
+     "the device plugin serves it and the node advertises it, and a node serves a name one way only (fix: add "
+     "nvidia.com/gpu to dra.resources, or remove it from dra.extendedResources)"),
+    ({"dra": {"extendedResources": ["nvidia.com/gpu"]}},
+     "dra.extendedResources: 'nvidia.com/gpu' is not served through DRA here (dra.resources: [])"),
+    ({"dra": {"resources": ["nvidia.com/gpu"], "extendedResources": ["nvidia.com/gpu"], "deviceClasses": False}},
+     "dra.extendedResources: needs dra.deviceClasses true"),
+    ({**TWO_NIC_POOLS, "dra": {"resources": ["example.com/rdma_a", "example.com/rdma_b"],
+                               "extendedResources": ["example.com/rdma_a"]}},
+     "dra.extendedResources: 'example.com/rdma_a' cannot be mapped while 2 NIC resources are served through DRA "
+     "(example.com/rdma_a, example.com/rdma_b): the DeviceClass nic.topo.dev holds every NIC the driver publishes"),
+    # the config is not the chart's, but the mapping is: still judged
+    ({"config": {"existingConfigMap": "mine"},
+      "dra": {"resources": ["topo.dev/nic"], "extendedResources": ["nvidia.com/gpu"]}},
+     "dra.extendedResources: 'nvidia.com/gpu' is not served through DRA here"),
+], ids=["device-plugin-name", "dra-off", "no-classes", "two-nic-pools", "existing-configmap"])
+def test_dra_extended_resource_mapping_refusals(helm, tmp_path, values, says):
+    """A node serves a name one way: the chart maps only names it serves through DRA, with a class
+    that holds only their devices."""
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                    "-f", str(write_values(tmp_path, values)))
+    assert proc.returncode != 0
+    assert says in proc.stderr, proc.stderr
 
 
 def test_dra_example_claims_ask_for_pairs_and_nvlink(dra):

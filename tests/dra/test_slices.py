@@ -244,3 +244,32 @@ def test_a_long_complex_id_is_shortened_alike_on_both_devices():
     got = by_topology_name(t)
     a, b = attr(got["GPU0"], "complex"), attr(got["nic0"], "complex")
     assert a == b and len(a) <= 64 and a != long_id
+
+
+def _close(topology: NodeTopology, gpu: str, nic: str) -> bool:
+    g, n = topology.device(gpu), topology.device(nic)
+    return (g.complex is not None and g.complex == n.complex) or topology.link(gpu, nic).level >= LinkLevel.PXB
+
+
+def test_gb300_nics_follow_their_gpus_in_slice_order_though_their_numbers_do_not():
+    """mlx5_1 is GPU0's complex partner: it comes first, so the scheduler's first-fit over an
+    unconstrained claim (the extended-resource mapping) gives GPU k the NIC of GPU k."""
+    topology = load_simulated("gb300-cx8-dd")
+    names = [d["name"] for s in build_resource_slices(topology, OPTS) for d in s["spec"]["devices"]]
+    assert names == ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "nic-mlx5-1", "nic-mlx5-0", "nic-mlx5-3", "nic-mlx5-2"]
+    for k in range(4):
+        assert _close(topology, f"GPU{k}", names[4 + k].removeprefix("nic-").replace("-", "_"))
+
+
+@pytest.mark.parametrize("node", builtin_names())
+def test_slice_order_lists_gpus_by_index_then_nics_by_their_first_close_gpu(node):
+    topology = load_simulated(node)
+    by_slice = {d["name"]: d for d in devices_of(topology).values()}
+    table = device_table(topology, OPTS)
+    order = [table[n] for s in build_resource_slices(topology, OPTS) for n in (d["name"] for d in s["spec"]["devices"])]
+    assert set(by_slice) == {n for n in table}
+    gpus = [d for d in order if d.kind == DeviceKind.GPU]
+    nics = [d for d in order if d.kind == DeviceKind.NIC]
+    assert order[:len(gpus)] == gpus and [d.index for d in gpus] == sorted(d.index for d in gpus)
+    ranks = [next((i for i, g in enumerate(gpus) if _close(topology, g.name, n.name)), len(gpus)) for n in nics]
+    assert ranks == sorted(ranks), (node, [n.name for n in nics], ranks)

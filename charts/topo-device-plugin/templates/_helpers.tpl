@@ -166,3 +166,27 @@ capabilities:
 {{- define "topo-device-plugin.draDriver" -}}
 topo.dev
 {{- end }}
+
+{{/* (Used by _validate.tpl and dra-deviceclasses.yaml.) An option as the daemon resolves it (plugin/cli/options.py resolve: flag > TOPO_DP_<OPTION> >
+config file > default), from the last `--flag=V` of extraArgs (the schema wants every item to start
+with '-', so `--flag V` cannot be given), else the last plain
+`value` of that variable in extraEnv, else config.flags: JSON {value, where}. Input: {root, key, flag,
+default}. */}}
+{{- define "topo-device-plugin.option" -}}
+{{- $value := index (.root.Values.config.flags | default dict) .key | default .default | toString }}
+{{- $where := printf "config.flags.%s" .key }}
+{{- $env := printf "TOPO_DP_%s" (snakecase .key | upper) }}
+{{- range .root.Values.extraEnv | default list }}
+{{- if and (eq (toString .name) $env) (hasKey . "value") }}
+{{- $value = toString .value }}
+{{- $where = "extraEnv" }}
+{{- end }}
+{{- end }}
+{{- range .root.Values.extraArgs | default list }}
+{{- if hasPrefix (printf "%s=" $.flag) . }}
+{{- $value = trimPrefix (printf "%s=" $.flag) . }}
+{{- $where = "extraArgs" }}
+{{- end }}
+{{- end }}
+{{- toJson (dict "value" $value "where" $where) }}
+{{- end }}

@@ -24,6 +24,16 @@ Rules (daemon source):
   resources' replicas may share a name (plugin/model/time_slicing.py plan_time_slicing)
 The shape of sharing.timeSlicing (replicas >= 2, devices ...) is values.schema.json's.
 
+Chart-only rules (topo-device-plugin.validateMapping; checked with existingConfigMap too): the
+daemon never sees dra.extendedResources, which only adds `extendedResourceName` to the chart's
+DeviceClasses (docs/migrating-to-dra.md). It is the same mode rule seen from the scheduler: a
+node serves a name one way.
+- each name must be in dra.resources: a name the device plugin serves here is advertised by the
+  node, and a class mapping it would stand for devices this release never publishes;
+- dra.deviceClasses must be on (the mapping is a field of those classes);
+- a NIC name only while it is the one NIC resource through DRA: nic.<driver> selects every NIC the
+  driver publishes, so with two NIC pools through DRA it would hand out the other pool's NICs.
+
 Not checked here, because they depend on the node's hardware (the daemon refuses them at start
 on the node where they occur):
 - migStrategy single with GPUs in MIG mode without MIG devices, with more than one MIG
@@ -114,31 +124,26 @@ vf_ranges): {path, kind, items}. */}}
 {{- end }}
 {{- end }}
 
-{{/* An option as the daemon resolves it (plugin/cli/options.py resolve: flag > TOPO_DP_<OPTION> >
-config file > default), from the last `--flag=V` of extraArgs (the schema wants every item to start
-with '-', so `--flag V` cannot be given), else the last plain
-`value` of that variable in extraEnv, else config.flags: JSON {value, where}. Input: {root, key, flag,
-default}. */}}
-{{- define "topo-device-plugin.option" -}}
-{{- $value := index (.root.Values.config.flags | default dict) .key | default .default | toString }}
-{{- $where := printf "config.flags.%s" .key }}
-{{- $env := printf "TOPO_DP_%s" (snakecase .key | upper) }}
-{{- range .root.Values.extraEnv | default list }}
-{{- if and (eq (toString .name) $env) (hasKey . "value") }}
-{{- $value = toString .value }}
-{{- $where = "extraEnv" }}
+{{- define "topo-device-plugin.validateMapping" -}}
+{{- $ext := .Values.dra.extendedResources | default list }}
+{{- $dra := .Values.dra.resources | default list }}
+{{- $gpu := (include "topo-device-plugin.option" (dict "root" . "key" "gpuResourceName" "flag" "--gpu-resource-name" "default" "nvidia.com/gpu") | fromJson).value }}
+{{- $draNics := without $dra $gpu }}
+{{- range $name := $ext }}
+{{- if not (has $name $dra) }}
+{{- fail (printf "dra.extendedResources: '%s' is not served through DRA here (dra.resources: [%s]): the device plugin serves it and the node advertises it, and a node serves a name one way only (fix: add %s to dra.resources, or remove it from dra.extendedResources)" $name (join ", " $dra) $name) }}
+{{- end }}
+{{- if and (ne $name $gpu) (gt (len $draNics) 1) }}
+{{- fail (printf "dra.extendedResources: '%s' cannot be mapped while %d NIC resources are served through DRA (%s): the DeviceClass nic.%s holds every NIC the driver publishes and would hand out the others under this name (fix: serve one NIC resource through DRA, or leave the NIC resources out of dra.extendedResources)" $name (len $draNics) (join ", " $draNics) (include "topo-device-plugin.draDriver" $)) }}
 {{- end }}
 {{- end }}
-{{- range .root.Values.extraArgs | default list }}
-{{- if hasPrefix (printf "%s=" $.flag) . }}
-{{- $value = trimPrefix (printf "%s=" $.flag) . }}
-{{- $where = "extraArgs" }}
+{{- if and $ext (not .Values.dra.deviceClasses) }}
+{{- fail "dra.extendedResources: needs dra.deviceClasses true: the mapping is the extendedResourceName of the chart's DeviceClasses (fix: set dra.deviceClasses true, or leave dra.extendedResources empty and map the name in a DeviceClass of your own)" }}
 {{- end }}
-{{- end }}
-{{- toJson (dict "value" $value "where" $where) }}
 {{- end }}
 
 {{- define "topo-device-plugin.validate" -}}
+{{- include "topo-device-plugin.validateMapping" . }}
 {{- if not .Values.config.existingConfigMap }}
 {{- $sharing := .Values.config.sharing | default dict }}
 {{- $pools := (.Values.config.nics | default dict).resourceList | default list }}

@@ -6,7 +6,8 @@ its example ResourceClaimTemplates; the plugin serves the simulated DGX H100 (8 
 NICs, one GPU and one NIC behind each PCIe switch, all GPUs on one NVSwitch fabric). The
 tests run in file order, each one stage of the story: registration and slices, claims
 allocated by kube-scheduler and prepared by us, PIX pairs, an unsatisfiable claim, driver
-and kubelet restarts, and unprepare on deletion.
+and kubelet restarts, unprepare on deletion, and unchanged `nvidia.com/gpu: 2` pods through the
+extended-resource mapping (on a DRA node, refused for a device-plugin name, on a device-plugin node).
 
 What a container sees: the kubelet hands our CDI IDs to the runtime (its own DRA checkpoint
 holds them; the CRI request is built from it), and containerd v2 (built here, CDI on; see
@@ -28,7 +29,7 @@ from cluster import NODE, Cluster
 from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
 from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
-    wait_daemon_ready, workload
+    wait_allocatable, wait_daemon_ready, workload
 
 from plugin.dra.checkpoint import ClaimCheckpoint
 from plugin.dra.slices import SliceOptions, build_resource_slices, device_name
@@ -471,6 +472,101 @@ def test_deleting_the_pods_unprepares_every_claim_and_leaks_nothing(installed):
                  lambda: not c.get("resourceclaims", "-n", NAMESPACE)["items"], 120)
     assert claim_specs(c) == []
     assert len(daemon_pods(c)) == 1
+
+
+# ---- unchanged pods through the extended-resource mapping (KEP-5004, GA in 1.37) --------------------
+# No feature gate is set anywhere in this cluster: DRAExtendedResource is GA and locked on in
+# 1.37 (API server: the DeviceClass field is kept; scheduler: the claim is made; kubelet: it
+# prepares that claim through us like any other).
+
+
+def unchanged_pod(name: str, image: str, gpus: int) -> dict[str, Any]:
+    """A pod as written for NVIDIA's device plugin: `nvidia.com/gpu: N` in its limits, no claims."""
+    pod = workload(name, image, {"nvidia.com/gpu": gpus})
+    pod["metadata"]["namespace"] = NAMESPACE
+    return pod
+
+
+def node_gpus(rep: dict[str, Any]) -> set[str]:
+    return {p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)}
+
+
+def test_extended_resource_pod_runs_on_a_dra_node_and_sees_exactly_its_two_gpus(installed):
+    c = installed["c"]
+    with stage("helm upgrade: gpu.topo.dev maps nvidia.com/gpu"):
+        helm_upgrade(c, {**values(installed), "dra": {**values(installed)["dra"],
+                                                       "extendedResources": ["nvidia.com/gpu"]}})
+        installed["daemon"] = wait_daemon_ready(c)
+    # The API server kept the field (it drops fields of disabled gates).
+    assert c.get("deviceclass", f"gpu.{DRIVER}")["spec"].get("extendedResourceName") == "nvidia.com/gpu"
+    assert "nvidia.com/gpu" not in c.allocatable()  # so the scheduler serves the name from our slices
+    wait_for("our ResourceSlices", lambda: our_slices(c) or None, 120)
+    with stage("unchanged nvidia.com/gpu: 2 pod Running (DRA)"):
+        c.apply(unchanged_pod("unchanged", installed["image"], 2))
+        pod = wait_running(c, "unchanged")
+    # The scheduler made one claim for the pod and recorded which container request it serves.
+    ext = pod["status"].get("extendedResourceClaimStatus")
+    assert ext, pod["status"]
+    assert [(m["containerName"], m["resourceName"]) for m in ext["requestMappings"]] == [("main", "nvidia.com/gpu")]
+    claim = c.get("resourceclaim", ext["resourceClaimName"], "-n", NAMESPACE)
+    gpus = devices(claim)
+    assert len(gpus) == 2 and all(d.startswith("gpu-") for d in gpus), gpus
+    # The kubelet called NodePrepareResources with that claim: our checkpoint, CDI spec and its record.
+    check_prepared(c, claim)
+    check_container_sees(c, "unchanged", [claim])
+    rep = report_ns(c, "unchanged")
+    assert node_gpus(rep) == {f"/dev/nvidia{d.split('-')[1]}" for d in gpus}, rep["devices"]
+    uid = claim["metadata"]["uid"]
+    with stage("unchanged pod deleted -> its claim unprepared and deleted"):
+        delete_pod(c, "unchanged")
+        wait_for("the claim unprepared", lambda: uid not in prepared(c), 120)
+        wait_for("the scheduler's claim deleted",
+                 lambda: not c.get("resourceclaims", "-n", NAMESPACE)["items"], 120)
+    assert claim_specs(c) == []
+
+
+def test_extended_resource_mapping_of_a_device_plugin_name_is_refused_at_install(installed):
+    c = installed["c"]
+    before = c.helm("history", "tdp", "-n", NAMESPACE, "-o", "json").stdout
+    bad = {**values(installed), "dra": {"resources": ["topo.dev/nic"], "extendedResources": ["nvidia.com/gpu"]}}
+    proc = helm_upgrade(c, bad, check=False)
+    assert proc.returncode != 0
+    assert ("dra.extendedResources: 'nvidia.com/gpu' is not served through DRA here "
+            "(dra.resources: [topo.dev/nic])") in proc.stderr, proc.stderr
+    assert c.helm("history", "tdp", "-n", NAMESPACE, "-o", "json").stdout == before  # nothing installed
+    assert c.get("deviceclass", f"gpu.{DRIVER}")["spec"].get("extendedResourceName") == "nvidia.com/gpu"
+
+
+MAPPED_ELSEWHERE = {
+    # What a DRA-mode node pool's release would leave in the cluster while this node serves GPUs
+    # with the device plugin.
+    "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+    "metadata": {"name": "gpu-mapped.example.com"},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}" && '
+                                             f'device.attributes["{DRIVER}"].type == "gpu"'}}],
+             "extendedResourceName": "nvidia.com/gpu"},
+}
+
+
+def test_extended_resource_pod_on_a_device_plugin_node_is_served_by_the_device_plugin(installed):
+    c = installed["c"]
+    old = installed["daemon"]["metadata"]["uid"]
+    with stage("helm upgrade: GPUs back to the device plugin (NICs stay DRA)"):
+        helm_upgrade(c, {**values(installed), "dra": {"resources": ["topo.dev/nic"]}})
+        installed["daemon"] = wait_daemon_ready(c, not_uid=old)
+        wait_allocatable(c, {"nvidia.com/gpu": "8"})
+    c.apply(MAPPED_ELSEWHERE)
+    with stage("unchanged nvidia.com/gpu: 2 pod Running (device plugin)"):
+        c.apply(unchanged_pod("unchanged-dp", installed["image"], 2))
+        pod = wait_running(c, "unchanged-dp")
+    # The node advertises the name, so the scheduler left it to the device plugin: no claim.
+    assert not pod["status"].get("extendedResourceClaimStatus"), pod["status"]
+    assert not c.get("resourceclaims", "-n", NAMESPACE)["items"]
+    rep = wait_for("the pod's report", lambda: report_ns(c, "unchanged-dp"), 60)
+    assert len(node_gpus(rep)) == 2, rep["devices"]
+    assert not prepared(c)
+    delete_pod(c, "unchanged-dp")
+    c.kubectl("delete", "deviceclass", MAPPED_ELSEWHERE["metadata"]["name"])
 
 
 def test_helm_uninstall_removes_the_drivers_sockets(installed):
