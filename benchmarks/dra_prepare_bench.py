@@ -44,6 +44,8 @@ ARGS.add_argument("--parts", default="writes,backlog,sigterm,hung",
                   help="which measurements, comma-separated (also: latency)")
 ARGS.add_argument("--calls", type=int, default=300, help="calls per kind for --parts latency")
 ARGS.add_argument("--profile", action="store_true", help="with latency: cProfile the 1-GPU calls")
+ARGS.add_argument("--dir", default="/tmp", help="with latency: where the kubelet and CDI dirs live "
+                  "(/dev/shm: a tmpfs, where fsync costs nothing, to see the disk's share)")
 OPTS = ARGS.parse_args()
 CODE = os.path.abspath(OPTS.code)
 sys.path[:0] = [CODE, str(ROOT / "tests" / "support"), str(ROOT / "tests" / "dra")]
@@ -274,7 +276,7 @@ async def latency_run(calls: int, profile: bool) -> tuple[list[tuple[str, str]],
 
     api = ApiServerStandIn(NODE)
     await api.start()
-    base = tempfile.mkdtemp(prefix="drb-", dir="/tmp")
+    base = tempfile.mkdtemp(prefix="drb-", dir=OPTS.dir)
     kube = await kubeconfig_api(write_kubeconfig(pathlib.Path(base) / "kubeconfig", api.url))
     drv = DraDriver(DraOptions(SliceOptions(node_name=NODE), kubelet_root=os.path.join(base, "k"),
                                cdi_root=os.path.join(base, "cdi"), instance_id="bench", resync_s=3600), kube)
@@ -333,7 +335,7 @@ async def latency_run(calls: int, profile: bool) -> tuple[list[tuple[str, str]],
 async def main() -> None:
     n = OPTS.claims
     print(f"driver code: {CODE}; {n} claims per big call; {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}")
+          f"load {os.getloadavg()[0]:.1f}; latency files under {OPTS.dir}")
     parts = set(OPTS.parts.split(","))
     rows = []
     if "writes" in parts:

@@ -50,7 +50,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "e2e" / "cluster")]
 import aiohttp  # noqa: E402
 from pki import PKI  # noqa: E402
 
-from allocator.topology import NodeTopology  # noqa: E402
+from allocator.topology import DeviceKind, NodeTopology  # noqa: E402
 from plugin.dra.slices import ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, SliceOptions, build_resource_slices  # noqa: E402
 from plugin.sources.simulated import load_simulated  # noqa: E402
 
@@ -73,7 +73,19 @@ def free_port() -> int:
 
 # -- slices ------------------------------------------------------------------------------------------
 def our_slices(topo: NodeTopology, node: str, layout: str) -> list[dict[str, Any]]:
+    if layout == "ours-gpus":
+        # What the driver publishes with only GPUs served through DRA (`--dra-resources nvidia.com/gpu`).
+        return build_resource_slices(topo, SliceOptions(node_name=node, include=lambda d: d.kind == DeviceKind.GPU))
     slices = build_resource_slices(topo, SliceOptions(node_name=node))
+    if layout == "ours-lean-nics":
+        # Variant: NICs keep only what claims pair on (type, pcieSwitch, pcieRoot, numaNode). The scheduler
+        # converts a device's whole attribute map for every selector it evaluates on it, and on a node whose
+        # GPUs are taken every free NIC is evaluated for a GPU request: does the NICs' attribute count matter?
+        keep = {"type", "pcieSwitch", "nvlinkDomain", "complex", ATTR_PCIE_ROOT, "resource.kubernetes.io/numaNode"}
+        for d in slices[0]["spec"].get("devices", ()):
+            if d["attributes"]["type"]["string"] == "nic":
+                d["attributes"] = {k: v for k, v in d["attributes"].items() if k in keep}
+        return slices
     if layout == "ours-gpus-first-split":
         # Variant: GPUs and NICs in two slices of one pool (does a smaller slice per request kind help?).
         devs = slices[0]["spec"]["devices"]
@@ -355,8 +367,8 @@ async def run_case(cp: ControlPlane, case: int, topology: str, layout: str, shap
     await cp.many([("POST", "/api/v1/nodes", node_obj(n)) for n in names])
     await cp.many([("POST", "/apis/resource.k8s.io/v1/resourceslices", s) for s in all_slices])
     n_pods = nodes * min(pods_per_node, cap)
-    await cp.many([("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", claim(f"claim-{i}", shape, n_gpus))
-                   for i in range(n_pods)])
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+    await cp.many([("POST", claims, claim(f"claim-{i}", shape, n_gpus)) for i in range(n_pods)])
     await asyncio.sleep(3)  # let the scheduler's informers take in nodes, slices and claims
     pid = cp.pid("kube-scheduler")
     bound: dict[str, float] = {}
@@ -482,7 +494,7 @@ async def churn(cp: ControlPlane, min_interval_s: float, seconds: float = 5.0) -
     try:
         while not pub.successes:
             await asyncio.sleep(0.05)
-        before, t0, flaps = writes, time.monotonic(), 0
+        before, passes0, t0, flaps = writes, pub.passes, time.monotonic(), 0
         while time.monotonic() - t0 < seconds:
             flaps += 1
             pub.update(topo.with_health({"GPU3": "Unhealthy"}) if flaps % 2 else topo)
@@ -499,7 +511,8 @@ async def churn(cp: ControlPlane, min_interval_s: float, seconds: float = 5.0) -
         while not await published():
             await asyncio.sleep(0.02)
         lag = time.monotonic() - last_change
-        return {"flaps": flaps + 1, "writes": writes - before, "per_s": (writes - before) / burst, "final_s": lag}
+        return {"flaps": flaps + 1, "writes": writes - before, "per_s": (writes - before) / burst, "final_s": lag,
+                "passes": pub.passes - passes0}
     finally:
         await pub.stop(delete=True)
         await api.close()
@@ -528,7 +541,8 @@ def print_ratios(results: list[Result]) -> None:
 
 # -- main --------------------------------------------------------------------------------------------
 def controlplane_bins() -> pathlib.Path:
-    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "topo-device-plugin" / "bin"
+    xdg = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+    cache = xdg / "topo-device-plugin" / "bin"
     found = sorted(cache.glob("controlplane-*"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise SystemExit(f"no control plane under {cache}: build it with tests/e2e/cluster/cluster_build.py")
@@ -539,7 +553,8 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default="100", help="node counts, comma-separated (the issue's: 100,500,1000)")
     ap.add_argument("--topologies", default="dgx-h100,dgx-a100,pcie-2socket-4gpu-2nic")
-    ap.add_argument("--layouts", default="ours,minimal", help="ours, minimal, ours-gpus-first-split")
+    ap.add_argument("--layouts", default="ours,minimal",
+                    help="ours, minimal, ours-gpus (GPUs only), ours-lean-nics, ours-gpus-first-split")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--pods-per-node", type=int, default=1)
     ap.add_argument("--scheduler-qps", type=int, default=5000, help="kube-scheduler's default is 50")
@@ -552,7 +567,8 @@ async def main() -> None:
     bins = pathlib.Path(o.bins) if o.bins else controlplane_bins()
     if o.memory:
         print(f"control plane: {bins.name}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
-        print("| nodes | topology | layout | slice bytes/node | apiserver RSS growth MiB | Go heap in use growth MiB | load |")
+        print("| nodes | topology | layout | slice bytes/node | apiserver RSS growth MiB "
+              "| Go heap in use growth MiB | load |")
         print("|---|---|---|---|---|---|---|")
         for nodes in (int(x) for x in o.nodes.split(",")):
             for topology in o.topologies.split(","):
@@ -568,11 +584,13 @@ async def main() -> None:
     try:
         await cp.up()
         if o.churn:
-            print("| coalescing | flaps in 5 s | slice writes | writes/s | final state in the API after |")
-            print("|---|---|---|---|---|")
+            print("| coalescing | flaps in 5 s | passes (one list each) | slice writes | writes/s "
+                  "| final state in the API after |")
+            print("|---|---|---|---|---|---|")
             for interval in (0.0, 1.0):
                 r = await churn(cp, interval)
-                print(f"| {'off' if not interval else f'{interval:g} s'} | {r['flaps']} | {r['writes']} | "
+                label = "off" if not interval else f"{interval:g} s"
+                print(f"| {label} | {r['flaps']} | {r['passes']} | {r['writes']} | "
                       f"{r['per_s']:.1f} | {r['final_s']:.2f} s |", flush=True)
             return
         print("| nodes | topology | layout | claim | pods | bound | pods/s | sched CPU ms/pod | slice bytes/node "
