@@ -13,11 +13,18 @@ Per case (topology × layout × claim shape) a fresh set of nodes and a namespac
 per pod, created before the pods; the pods are created while the scheduler is stopped (SIGSTOP, then
 SIGCONT), so the bench's own create rate does not cap what is measured; pods/s counted from the first
 to the last binding seen on a watch.
-Also: slice bytes per node (JSON), kube-apiserver RSS after the case, kube-scheduler CPU per pod
-(utime+stime from /proc/<pid>/stat, from the first pod create to the last binding).
+Also: slice bytes per node (JSON), kube-apiserver RSS after the case (it grows over the cases of one
+run: `--memory` gives per-layout figures), kube-scheduler CPU per pod (utime+stime from
+/proc/<pid>/stat, from the scheduler's resume to the last binding).
 
 The scheduler's client rate limit is raised as upstream's scheduler_perf does (`--scheduler-qps`,
 default 5000); `--scheduler-qps 50` is kube-scheduler's default (see docs/dra.md).
+
+Layout variants (`--layouts`): `ours-gpus` (GPUs only, as with `--dra-resources nvidia.com/gpu`),
+`ours-lean-nics` (NICs with only the attributes claims pair on), `ours-gpus-first-split` (GPUs and
+NICs in two slices of one pool). `--repeat N` runs each case N times and prints medians as ratios.
+`--memory` instead starts a fresh control plane per topology and layout and reports the API server's
+RSS growth for the nodes and their slices.
 
 `--churn` instead measures the slice publisher (plugin/dra/publisher.py) against the real API server:
 one GPU flapping healthy/unhealthy every 100 ms for 5 s, with and without coalescing.
