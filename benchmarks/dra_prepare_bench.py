@@ -12,6 +12,11 @@ against the stand-in API server and kubelet of tests/dra, then measures
 and, with the driver in this process, how often the checkpoint file is rewritten (and fsynced) for one
 N-claim call. Printed table, not pass/fail.
 
+`--parts latency` (issue 24): NodePrepareResources p50/p99 for a 1-GPU claim and a 2 GPU + 2 NIC claim
+(CDI spec written, checkpoint synced), each call a fresh claim (unprepared after, untimed), against an
+empty call (zero claims) on the same socket; the driver runs in this process (simulated DGX H100, all
+devices through DRA). `--profile` adds a cProfile of the 1-GPU calls: the driver's functions by own time.
+
 `--code DIR` runs the driver of another checkout (e.g. `git archive <commit> | tar -x -C DIR`), for
 before/after figures; the stand-ins always come from this checkout.
 
@@ -35,7 +40,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 ARGS = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ARGS.add_argument("--claims", type=int, default=1500)
 ARGS.add_argument("--code", default=str(ROOT), help="checkout whose driver is measured")
-ARGS.add_argument("--parts", default="writes,backlog,sigterm,hung", help="which measurements, comma-separated")
+ARGS.add_argument("--parts", default="writes,backlog,sigterm,hung",
+                  help="which measurements, comma-separated (also: latency)")
+ARGS.add_argument("--calls", type=int, default=300, help="calls per kind for --parts latency")
+ARGS.add_argument("--profile", action="store_true", help="with latency: cProfile the 1-GPU calls")
+ARGS.add_argument("--dir", default="/tmp", help="with latency: where the kubelet and CDI dirs live "
+                  "(/dev/shm: a tmpfs, where fsync costs nothing, to see the disk's share)")
 OPTS = ARGS.parse_args()
 CODE = os.path.abspath(OPTS.code)
 sys.path[:0] = [CODE, str(ROOT / "tests" / "support"), str(ROOT / "tests" / "dra")]
@@ -221,10 +231,111 @@ async def checkpoint_writes(n: int) -> int:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+async def _phases(drv, kube, api: ApiServerStandIn, calls: int) -> dict[str, list[float]]:
+    """The steps of a one-claim prepare, each timed alone: where the time of a call goes."""
+    from plugin.dra.checkpoint import PreparedClaim
+    from plugin.dra.slices import device_table
+
+    table = device_table(drv.topology, drv.options.slices)
+    out: dict[str, list[float]] = {}
+
+    async def timed(label: str, fn) -> None:
+        t = time.perf_counter()
+        await fn()
+        out.setdefault(label, []).append(time.perf_counter() - t)
+
+    for i in range(calls):
+        uid = api.add_claim("team", f"phase-{i}", [{"request": "r", "driver": DRIVER, "pool": NODE,
+                                                    "device": "gpu-0"}])
+        await timed("phase: worker-thread hop", lambda: asyncio.to_thread(lambda: None))
+        await timed("phase: checkpoint read (flock, read, in a thread)", drv.checkpoint.read)
+        await timed("phase: claim read from the API (stand-in, HTTP)", lambda: kube.get_claim("team", f"phase-{i}"))
+        await timed("phase: CDI spec write (fsync, rename, dir fsync)", lambda: asyncio.to_thread(
+            drv.cdi.write_claim_spec, uid, [("gpu-0", table["gpu-0"])]))
+        await timed("phase: checkpoint write of one claim (2 fsyncs)", lambda: drv.checkpoint.update(
+            lambda c: c.__setitem__(uid, PreparedClaim(uid=uid, namespace="team", name=f"phase-{i}"))))
+        await drv.checkpoint.update(lambda c: c.pop(uid))
+        drv.cdi.remove_claim_spec(uid)
+    return out
+
+
+async def latency_run(calls: int, profile: bool) -> tuple[list[tuple[str, str]], str]:
+    """p50/p99 of NodePrepareResources: zero claims, one GPU, 2 GPUs + 2 NICs (fresh claims each time)."""
+    import cProfile
+    import io
+    import pstats
+
+    from plugin.dra import DraDriver, DraOptions, SliceOptions
+    from plugin.dra.kubeapi import kubeconfig_api
+    from plugin.sources.simulated import load_simulated
+
+    api = ApiServerStandIn(NODE)
+    await api.start()
+    base = tempfile.mkdtemp(prefix="drb-", dir=OPTS.dir)
+    kube = await kubeconfig_api(write_kubeconfig(pathlib.Path(base) / "kubeconfig", api.url))
+    drv = DraDriver(DraOptions(SliceOptions(node_name=NODE), kubelet_root=os.path.join(base, "k"),
+                               cdi_root=os.path.join(base, "cdi"), instance_id="bench", resync_s=3600), kube)
+    shapes = {"empty call (0 claims)": [], "1 GPU": ["gpu-0"],
+              "2 GPUs + 2 NICs": ["gpu-0", "gpu-1", "nic-mlx5-0", "nic-mlx5-1"]}
+    rows, prof_text = [], ""
+    try:
+        await drv.start(load_simulated("dgx-h100"))
+        plugin = await register(registration_sockets(os.path.join(base, "k"))[0])
+        async with grpc.aio.insecure_channel(f"unix:{plugin.endpoint}") as ch:
+            stub = dra_grpc.DRAPluginStub(ch)
+            timings: dict[str, list[float]] = {}
+            prof = cProfile.Profile() if profile else None
+            for i in range(calls + 20):  # the first 20 rounds warm up and are not counted
+                for label, devs in shapes.items():
+                    claims = []
+                    if devs:
+                        name = f"c-{i}-{len(devs)}"
+                        uid = api.add_claim("team", name, [{"request": "r", "driver": DRIVER, "pool": NODE,
+                                                            "device": d} for d in devs])
+                        claims = [dra_pb2.Claim(namespace="team", uid=uid, name=name)]
+                    req = dra_pb2.NodePrepareResourcesRequest(claims=claims)
+                    on = prof is not None and label == "1 GPU" and i >= 20
+                    if on:
+                        prof.enable()
+                    t = time.perf_counter()
+                    resp = await stub.NodePrepareResources(req, timeout=60)
+                    took = time.perf_counter() - t
+                    if on:
+                        prof.disable()
+                    assert not any(c.error for c in resp.claims.values()), resp
+                    if i >= 20:
+                        timings.setdefault(label, []).append(took)
+                    if claims:
+                        await stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=claims),
+                                                          timeout=60)
+            timings.update(await _phases(drv, kube, api, calls))
+            empty = _pct(timings["empty call (0 claims)"], 0.5)
+            for label, xs in timings.items():
+                p50, p99 = _pct(xs, 0.5), _pct(xs, 0.99)
+                what = label if label.startswith("phase") else f"NodePrepareResources, {label}"
+                rows.append((f"{what}: p50 / p99",
+                             f"{p50 * 1000:.2f} / {p99 * 1000:.2f} ms ({p50 / empty:.1f}x the empty call's p50)"))
+            if prof is not None:
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+                prof_text = out.getvalue()
+    finally:
+        await drv.stop()
+        await kube.close()
+        await api.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    return rows, prof_text
+
+
 async def main() -> None:
     n = OPTS.claims
     print(f"driver code: {CODE}; {n} claims per big call; {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}")
+          f"load {os.getloadavg()[0]:.1f}; latency files under {OPTS.dir}")
     parts = set(OPTS.parts.split(","))
     rows = []
     if "writes" in parts:
@@ -241,9 +352,15 @@ async def main() -> None:
         rows.append(("SIGTERM during a big call: exit after", f"{await sigterm_run(n):.2f} s"))
     if "hung" in parts:
         rows.append(("one claim, hung API server: error after", f"{await hung_run():.1f} s"))
+    prof_text = ""
+    if "latency" in parts:
+        more, prof_text = await latency_run(OPTS.calls, OPTS.profile)
+        rows += more
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    if prof_text:
+        print(prof_text)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,14 @@ ResourceSlices of its node when it starts, and those of a driver whose plugin
 stayed unreachable for a while; a driver that only wrote on topology changes
 would stay invisible until the next hot-plug. Every pass is cheap (one list).
 
+Why passes are spaced (`min_interval_s`, 1 s): a GPU flapping healthy/unhealthy
+every 100 ms, or a NIC hot-plug storm, would otherwise rewrite the pool (and
+wake every scheduler watching slices) ten times a second per node. Changes
+only mark the pool dirty; a pass starts no sooner than `min_interval_s` after
+the previous one began and always builds from the latest topology, so a burst
+costs about one write per second and its final state is published within
+`min_interval_s` (plus one pass) of the last change: the trailing pass.
+
 Device health: see plugin/dra/slices.py. If the API server drops the taints
 we send (DRADeviceTaints off, e.g. Kubernetes 1.34), unhealthy devices would
 look healthy; the publisher notices the dropped field in the server's answer,
@@ -61,11 +69,14 @@ def _sent_taints(s: dict[str, Any]) -> int:
 
 
 class SlicePublisher:
-    def __init__(self, api: Any, options: SliceOptions, *, resync_s: float = 60.0, max_backoff_s: float = 60.0):
+    def __init__(self, api: Any, options: SliceOptions, *, resync_s: float = 60.0, max_backoff_s: float = 60.0,
+                 min_interval_s: float = 1.0):
         self.api = api
         self.options = options
         self.resync_s = resync_s
         self.max_backoff_s = max_backoff_s
+        #: Least time between the starts of two passes (see the module docstring: coalescing bursts).
+        self.min_interval_s = min_interval_s
         self._topology: NodeTopology | None = None
         self._node_uid: str | None = None
         self._wake = asyncio.Event()
@@ -128,8 +139,10 @@ class SlicePublisher:
         return True, f"ResourceSlices published (pool generation {self.generation})"
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
+            started = loop.time()
             try:
                 await self.reconcile()
                 self.failures, self.last_error = 0, None
@@ -144,7 +157,11 @@ class SlicePublisher:
                 log.warning("publishing ResourceSlices failed; retrying",
                             extra={"error": self.last_error, "retry_s": delay, "failures": self.failures})
             self.passes += 1
-            await wait_event(self._wake, delay)
+            if await wait_event(self._wake, delay):
+                # Woken by a change: let the rest of a burst gather; the pass after the wait sees the latest.
+                rest = started + self.min_interval_s - loop.time()
+                if rest > 0:
+                    await asyncio.sleep(rest)
 
     # -- one pass ------------------------------------------------------------
     async def reconcile(self) -> bool:
