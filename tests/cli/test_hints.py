@@ -19,18 +19,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENTRY = [sys.executable, "-m", "plugin"]
 
 
-@pytest.fixture
-def no_driver():
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return
-    pynvml.nvmlShutdown()
-    pytest.skip("this machine has a working NVIDIA driver; the test is about machines without one")
-
-
 def test_serve_without_nvml_does_not_suggest_the_flag_already_given(no_driver, tmp_path):
     node = write_demo(str(tmp_path / "n"))
     proc = subprocess.Popen([*ENTRY, "serve", "--sysfs-root", node.sysfs_root, "--dev-root", node.dev_root,

@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 from click.testing import CliRunner
 
 from plugin.cli import cli
 from topo_testkit.sysfs_fixture import write_demo
-
-
-@pytest.fixture
-def no_driver():
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return
-    pynvml.nvmlShutdown()
-    pytest.skip("this machine has a working NVIDIA driver; the test is about machines without one")
 
 
 def test_nvml_missing_is_exit_1_with_the_fix(no_driver, tmp_path):
