@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from allocator.topology import Device
 
 from ..sources.fabric_labels import CLIQUE_LABEL, clique_of
+from ..watch.health import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class NodeLabeller:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         api: NodeLabelApi | None = None
-        delay = self.min_backoff_s
+        backoff = Backoff(self.min_backoff_s, self.max_backoff_s)
         try:
             while True:
                 wanted = self.wanted
@@ -126,14 +127,14 @@ class NodeLabeller:
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001 - the API server's or the network's failure: retried
+                    delay = backoff.next()
                     log.warning("cannot set the node's fabric clique label; retrying",
                                 extra={"node": self.node, "reason": f"{type(e).__name__}: {e}", "retry_s": delay,
                                        "fix": "check that the API server is reachable and the service account "
                                               "may get and patch nodes (chart: fabricLabels.node)"})
                     await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.max_backoff_s)
                     continue
-                delay = self.min_backoff_s
+                backoff.reset()
                 self.applied = wanted
                 if wanted is None:
                     log.info("node fabric clique label removed", extra={"node": self.node, "label": CLIQUE_LABEL})
