@@ -21,16 +21,15 @@ Why a file and why this shape:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ..atomic_file import replace_file
 from ..errors import InputError
 
 FORMAT_VERSION = 1
@@ -126,24 +125,7 @@ class ClaimCheckpoint:
     def _write(self, claims: dict[str, PreparedClaim]) -> None:
         body = {uid: c.to_json() for uid, c in sorted(claims.items())}
         text = _encode({"version": FORMAT_VERSION, "driver": self.driver, "checksum": _checksum(body)}, body)
-        directory = os.path.dirname(self.path) or "."
-        fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        replace_file(self.path, text, mode=0o600, prefix=".checkpoint-", durable=True)
         self.writes += 1
 
     def _acquire(self) -> int:

@@ -21,13 +21,13 @@ rewritten.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import tempfile
 from collections.abc import Iterable
 
 from allocator.topology import Device
+
+from ..atomic_file import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -88,17 +88,7 @@ class FabricLabelFile:
             os.unlink(self.path)
             log.info("fabric clique label removed", extra={"file": self.path})
             return True
-        directory = os.path.dirname(self.path) or "."
-        fd, tmp = tempfile.mkstemp(prefix=".topo-clique-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(content)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_file(self.path, content, mode=0o644, prefix=".topo-clique-", durable=False)
         log.info("fabric clique label written", extra={"file": self.path, "label": content.splitlines()[-1]})
         return True
 
