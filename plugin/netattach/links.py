@@ -64,12 +64,16 @@ class Link:
     max_mtu: int
     address: str
     up: bool
+    #: The factory address of a physical NIC (IFLA_PERM_ADDRESS; "" for virtual ones): still finds it
+    #: if the pod changed its address.
+    perm_address: str = ""
 
 
 def _link(msg) -> Link:  # type: ignore[no-untyped-def]
     return Link(index=int(msg["index"]), name=str(msg.get("IFLA_IFNAME")), mtu=int(msg.get("IFLA_MTU") or 0),
                 min_mtu=int(msg.get("IFLA_MIN_MTU") or 0), max_mtu=int(msg.get("IFLA_MAX_MTU") or 0),
-                address=str(msg.get("IFLA_ADDRESS") or "").lower(), up=bool(msg["flags"] & IFF_UP))
+                address=str(msg.get("IFLA_ADDRESS") or "").lower(), up=bool(msg["flags"] & IFF_UP),
+                perm_address=str(msg.get("IFLA_PERM_ADDRESS") or "").lower())
 
 
 def _why(e: BaseException) -> str:
@@ -98,9 +102,11 @@ def _by_name(ipr: IPRoute, name: str) -> Link | None:
     return next((x for x in _links(ipr) if x.name == name), None)
 
 
-def _find(ipr: IPRoute, hw: str, name: str | None = None) -> Link | None:
-    """The link with hardware address `hw`: the one called `name` if there is one, else the only one."""
-    links = [x for x in _links(ipr) if x.address == hw]
+def _find(ipr: IPRoute, att: Attached, name: str | None = None) -> Link | None:
+    """The link of `att`, by its hardware address or its factory one: the one called `name` if there is
+    one, else the only one."""
+    ours = {att.hw_address, att.perm_address} - {""}
+    links = [x for x in _links(ipr) if x.address in ours or x.perm_address in ours]
     if name is not None:
         named = [x for x in links if x.name == name]
         if named:
@@ -177,6 +183,7 @@ def prepare(spec: InterfaceSpec, netns_path: str) -> Attached:
     finally:
         os.close(ns_fd)
     return Attached(spec=spec, netns=netns_path, original_mtu=link.mtu, hw_address=link.address,
+                    perm_address=link.perm_address,
                     was_up=link.up, rdma_moved=rdma_move, netns_id=ident or (0, 0))
 
 
@@ -197,13 +204,13 @@ def _configure(att: Attached, ns_fd: int, progress: Progress | None, state: list
 
     step("move")
     with _host() as host, _inside(ns_fd) as ns:
-        link = _find(ns, att.hw_address, spec.pod_name)
+        link = _find(ns, att, spec.pod_name)
         if link is None:
-            home = _find(host, att.hw_address, spec.host_name)
+            home = _find(host, att, spec.host_name)
             if home is None:
                 raise RuntimeError("the interface is in neither the host nor the pod network namespace")
             host.link("set", index=home.index, net_ns_fd=ns_fd, ifname=spec.pod_name)
-            link = _find(ns, att.hw_address, spec.pod_name)
+            link = _find(ns, att, spec.pod_name)
             if link is None:
                 raise RuntimeError("moved, but not found in the pod network namespace")
         elif link.name != spec.pod_name:
@@ -286,7 +293,8 @@ def attach(spec: InterfaceSpec, netns_path: str, progress: Progress | None = Non
 
 
 def _restore(host: IPRoute, link: Link, att: Attached) -> bool:
-    """Give a link in the host its original name, MTU and admin state; whether anything changed."""
+    """Give a link in the host its original name, hardware address, MTU and admin state; whether anything
+    changed."""
     spec = att.spec
     changed = False
     if link.name != spec.host_name:
@@ -298,6 +306,9 @@ def _restore(host: IPRoute, link: Link, att: Attached) -> bool:
         if link.up:
             host.link("set", index=link.index, state="down")
         host.link("set", index=link.index, ifname=spec.host_name)
+        changed = True
+    if link.address != att.hw_address and att.hw_address:
+        host.link("set", index=link.index, address=att.hw_address)
         changed = True
     if link.mtu != att.original_mtu:
         host.link("set", index=link.index, mtu=att.original_mtu)
@@ -339,7 +350,7 @@ def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
     step = "find"
     try:
         with _host() as host:
-            home = _find(host, att.hw_address, spec.host_name)
+            home = _find(host, att, spec.host_name)
             if home is not None and home.name == spec.host_name:
                 step = "restore"
                 return Outcome.RESTORED if _restore(host, home, att) else Outcome.ALREADY_HOME
@@ -356,8 +367,12 @@ def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
                         _rdma_home(ns_fd, spec.rdma_device)
                     step = "move"
                     with _inside(ns_fd) as ns:
-                        link = _find(ns, att.hw_address, spec.pod_name)
+                        # by address, or by the name we gave it (the pod may have changed its address)
+                        link = _find(ns, att, spec.pod_name) or _by_name(ns, spec.pod_name)
                         if link is not None:
+                            if link.address != att.hw_address and att.hw_address:
+                                # before the move: whatever happens next, it is findable by address
+                                ns.link("set", index=link.index, address=att.hw_address)
                             taken = _by_name(host, spec.host_name) is not None
                             name = f"tdp{secrets.token_hex(4)}" if taken else spec.host_name
                             fd = host_netns_fd()
@@ -365,7 +380,7 @@ def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
                                 ns.link("set", index=link.index, net_ns_fd=fd, ifname=name)
                             finally:
                                 os.close(fd)
-                            back = _find(host, att.hw_address, name)
+                            back = _by_name(host, name)
                             if back is None:
                                 raise RuntimeError("moved, but not found in the host network namespace")
                             step = "restore"
@@ -377,7 +392,7 @@ def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
             step = "recover"
             deadline = time.monotonic() + (0.0 if ns_fd is not None else settle_s)
             while True:
-                link = _find(host, att.hw_address, spec.pod_name)
+                link = _find(host, att, spec.pod_name)
                 if link is not None:
                     _restore(host, link, att)
                     log.info("recovered interface from a dead pod namespace",

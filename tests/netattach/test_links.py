@@ -190,3 +190,12 @@ def test_a_malformed_spec_is_refused_naming_the_field(net, bad, why):
         attach(InterfaceSpec(nic.name, **{"pod_name": "net1", **bad}), ns)
     assert why in str(e.value) and e.value.step == "check"
     assert link(None, nic.name) is not None
+
+
+def test_an_address_the_pod_changed_is_put_back_with_the_interface(net):
+    ns = net.netns()
+    nic = net.veth()
+    att = attach(InterfaceSpec(nic.name, "net1"), ns)
+    run("nsenter", f"--net={ns}", "ip", "link", "set", "net1", "address", "02:00:00:00:ab:cd")
+    assert detach(att) is Outcome.RESTORED
+    assert link(None, nic.name)["address"] == nic.mac
