@@ -34,7 +34,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from . import rdma_netlink
-from .netns import host_netns_fd, is_same_netns, netns_id, open_netns, socket_in
+from .netns import host_netns_fd, is_same_netns, open_netns, socket_in
 from .spec import AttachError, Attached, DetachError, InterfaceSpec, Outcome
 
 log = logging.getLogger(__name__)
@@ -143,13 +143,14 @@ def prepare(spec: InterfaceSpec, netns_path: str) -> Attached:
         spec.validate()
     except ValueError as e:
         raise AttachError("check", spec.host_name, str(e)) from None
-    ident = netns_id(netns_path)
     try:
         ns_fd = open_netns(netns_path)
     except OSError as e:
         raise AttachError("check", spec.host_name, f"cannot open the pod network namespace {netns_path}: "
                           f"{_why(e)}") from None
     try:
+        st = os.fstat(ns_fd)
+        ident = (st.st_dev, st.st_ino)  # of the namespace itself: the path may later name another
         with _host() as host:
             link = _by_name(host, spec.host_name)
             if link is None:
@@ -184,7 +185,7 @@ def prepare(spec: InterfaceSpec, netns_path: str) -> Attached:
         os.close(ns_fd)
     return Attached(spec=spec, netns=netns_path, original_mtu=link.mtu, hw_address=link.address,
                     perm_address=link.perm_address,
-                    was_up=link.up, rdma_moved=rdma_move, netns_id=ident or (0, 0))
+                    was_up=link.up, rdma_moved=rdma_move, netns_id=ident)
 
 
 def _family(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> int:
