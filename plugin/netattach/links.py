@@ -20,15 +20,19 @@ CAP_SYS_ADMIN to enter the pod's namespace (setns(2), see netns.py).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import ipaddress
 import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -46,6 +50,36 @@ STEPS = ("move", "mtu", "up", "addresses", "routes", "rdma")
 SETTLE_S = 3.0
 
 Progress = Callable[[str], None]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def blocking(fn: Callable[P, R]) -> Callable[P, R]:
+    """Make `fn` callable from any thread. pyroute2's synchronous API runs its own event loop and
+    fails in a thread whose loop is running (an async caller that asks for a quick answer, such as
+    `max_mtu` in a validation); there the call runs in a short-lived thread, and still blocks."""
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return fn(*args, **kwargs)
+        result: list[R] = []
+        error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(fn(*args, **kwargs))
+            except BaseException as e:  # handed to the caller's thread
+                error.append(e)
+
+        t = threading.Thread(target=run, name=f"netattach-{fn.__name__}", daemon=True)
+        t.start()
+        t.join()
+        if error:
+            raise error[0]
+        return result[0]
+    return wrapper
 
 
 class InterfaceNotFound(AttachError):
@@ -114,12 +148,14 @@ def _find(ipr: IPRoute, att: Attached, name: str | None = None) -> Link | None:
     return links[0] if len(links) == 1 else None
 
 
+@blocking
 def exists(host_name: str) -> bool:
     """Whether the host's network namespace has an interface called `host_name`."""
     with _host() as ipr:
         return _by_name(ipr, host_name) is not None
 
 
+@blocking
 def max_mtu(host_name: str) -> int:
     """The largest MTU the interface's driver accepts (IFLA_MAX_MTU; 65535 where the driver sets none)."""
     with _host() as ipr:
@@ -134,6 +170,7 @@ def rdma_netns_mode() -> str | None:
     return rdma_netlink.rdma_netns_mode()
 
 
+@blocking
 def prepare(spec: InterfaceSpec, netns_path: str) -> Attached:
     """Check that `spec` can be attached into `netns_path` and read what undoing it needs; changes nothing.
 
@@ -256,6 +293,7 @@ class _RecordFailed(Exception):
     """`progress` raised: the caller could not record the step, so nothing more is done or undone."""
 
 
+@blocking
 def apply(att: Attached, progress: Progress | None = None) -> Attached:
     """Carry out the attachment `att` (from prepare): move, rename, MTU, up, addresses, routes, RDMA.
 
@@ -288,6 +326,7 @@ def apply(att: Attached, progress: Progress | None = None) -> Attached:
     return att
 
 
+@blocking
 def attach(spec: InterfaceSpec, netns_path: str, progress: Progress | None = None) -> Attached:
     """Move `spec.host_name` into the namespace at `netns_path` and configure it; see prepare and apply."""
     return apply(prepare(spec, netns_path), progress)
@@ -337,6 +376,7 @@ def _rdma_home(ns_fd: int, name: str) -> None:
             os.close(fd)
 
 
+@blocking
 def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
     """Return the interface of `att` to the host with its original name, MTU and admin state.
 
