@@ -156,7 +156,14 @@ class NvmlMigBackend:
         return self.nvml.nvmlDeviceGetHandleByIndex(gpu.index)
 
     def _err(self, gpu: Device, what: str, e: Exception) -> MigError:
-        return MigError(f"{gpu.name}: {what}: NVML says {e}")
+        nv = self.nvml
+        # pynvml's own text needs the loaded library ("NVML Error with code 23" otherwise): say it in words.
+        words = {getattr(nv, "NVML_ERROR_INSUFFICIENT_RESOURCES", 23): "insufficient resources (the placement "
+                 "overlaps an instance on the GPU, or its compute slices are taken)",
+                 getattr(nv, "NVML_ERROR_NO_PERMISSION", 4): "no permission (the driver needs CAP_SYS_ADMIN)",
+                 getattr(nv, "NVML_ERROR_NOT_SUPPORTED", 3): "not supported (is the GPU in MIG mode?)",
+                 getattr(nv, "NVML_ERROR_IN_USE", 19): "in use"}
+        return MigError(f"{gpu.name}: {what}: NVML says {words.get(getattr(e, 'value', None), str(e))}")
 
     def placements(self, gpu: Device) -> list[Placement]:
         """The table's placements NVML confirms (`nvmlDeviceGetGpuInstancePossiblePlacements`)."""

@@ -576,8 +576,8 @@ class FakeNvml:
         return g
 
     def __getattr__(self, name: str) -> Any:
-        # Constants and error classes only; an NVML function we do not fake must not reach the real library.
-        if name.startswith(("NVML_", "NVMLError", "nvmlEventType", "NVML_NVLINK", "NVML_TOPOLOGY")):
+        # Constants, error classes and ctypes structures only; an NVML function we do not fake must not reach the real library.
+        if name.startswith(("NVML_", "NVMLError", "nvmlEventType", "NVML_NVLINK", "NVML_TOPOLOGY", "c_nvml")):
             return getattr(pynvml, name)
         raise AttributeError(f"FakeNvml does not implement {name}")
 
