@@ -120,7 +120,7 @@ async def test_one_process_serves_gpus_through_dra_and_nics_through_the_device_p
     ("flags: {draResources: [example.com/nope]}", {}, ["field flags.draResources", "'example.com/nope'",
                                                        "nvidia.com/gpu, topo.dev/nic", "fix:"]),
     ("flags: {draResources: nvidia.com/gpu, migStrategy: mixed}", {}, ["field flags.draResources",
-                                                                     "partitionable", "fix:"]),
+                                                                     "draMig", "fix:"]),
     ("flags: {draResources: [nvidia.com/gpu]}\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, "
      "replicas: 4}]}}", {}, ["field flags.draResources", "time-sliced", "fix:"]),
     ("flags: {draResources: [nvidia.com/gpu]}", {"NODE_NAME": ""}, ["NODE_NAME", "fix:"]),
