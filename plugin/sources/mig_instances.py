@@ -149,8 +149,16 @@ class NvmlMigBackend:
 
     def __init__(self, nvml: Any):
         self.nvml = nvml
+        self._initialised = False
 
     def _handle(self, gpu: Device) -> Any:
+        if not self._initialised:
+            # Our own reference (NVML counts nvmlInit calls): discovery shuts its own down after reading the node.
+            try:
+                self.nvml.nvmlInit()
+            except self.nvml.NVMLError as e:
+                raise MigError(f"{gpu.name}: NVML cannot be initialised: {e}") from None
+            self._initialised = True
         if gpu.uuid:
             return self.nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
         return self.nvml.nvmlDeviceGetHandleByIndex(gpu.index)

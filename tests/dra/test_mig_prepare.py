@@ -44,8 +44,7 @@ def topology():
 def backend(request, roots, topology):
     """(backend factory for the driver, the backend the test inspects)."""
     if request.param == "nvml":
-        fake = FakeNvml(topology)
-        fake.nvmlInit()
+        fake = FakeNvml(topology)  # not initialised: discovery shuts its NVML down, the backend takes its own
         b = NvmlMigBackend(fake)
         b.fake = fake  # type: ignore[attr-defined]
         return (lambda _dir: b), b
@@ -215,9 +214,13 @@ async def test_a_failed_compute_instance_leaves_no_gpu_instance(start_driver, ro
     assert not os.path.exists(os.path.join(roots[1], f"{DRIVER}-claim_{uid}.json"))
 
 
-def test_nvml_placements_match_the_profile_table(topology):
+def test_nvml_placements_match_the_profile_table_and_a_refused_profile_is_left_out(topology):
     fake = FakeNvml(topology)
-    fake.nvmlInit()
-    got = NvmlMigBackend(fake).placements(gpu(topology, 0))
-    assert got == H100_80GB.placements()
+    backend = NvmlMigBackend(fake)
+    assert backend.placements(gpu(topology, 0)) == H100_80GB.placements()
     assert fake.calls["nvmlDeviceGetGpuInstancePossiblePlacements"] == len(H100_80GB.profiles)
+    assert fake.init_count == 1
+    fake.fail_next("nvmlDeviceGetGpuInstancePossiblePlacements", 3)  # the first profile, 1g.10gb, refused
+    assert backend.placements(gpu(topology, 0)) == [p for p in H100_80GB.placements() if p.profile.name != "1g.10gb"]
+    # A GPU not in MIG mode offers none (NVML: not supported).
+    assert backend.placements(gpu(topology, 5)) == []
