@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
+import logging
 from typing import Any
 
 import click
@@ -17,6 +18,8 @@ from ..observability.logging_setup import setup_logging
 from ..allocation.pod_resources import socket_path
 from .options import Settings, make_source, option_source, resource_options, resource_reloader, with_settings
 from .routing import Command
+
+log = logging.getLogger(__name__)
 
 
 def dra_factory(settings: Settings) -> DraFactory:
@@ -88,7 +91,12 @@ def dra_mig(settings: Settings) -> tuple[Any, Any, Any]:
 
     def placements(g: Device) -> Any:
         if g.name not in cache:  # the GPU's placements never change while it is in MIG mode
-            cache[g.name] = nvml.placements(g)
+            try:
+                cache[g.name] = nvml.placements(g)
+            except Exception as e:  # noqa: BLE001 (a GPU NVML cannot answer for offers no placement, for now)
+                log.error("MIG placements not read; the GPU is published without them", extra={"gpu": g.name,
+                                                                                                 "reason": str(e)})
+                return []
         return cache[g.name]
 
     def caps(gpu: Device, inst: Any) -> dict[str, str]:
