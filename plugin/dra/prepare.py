@@ -49,11 +49,11 @@ from typing import Any, Union
 
 from allocator.topology import Device, NodeTopology
 
+from ..sources.mig_instances import MigError
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from .kubeapi import KubeApiUnreachable
 from .mig_prepare import MigPreparer
-from ..sources.mig_instances import MigError
 from .slices import SliceOptions, device_table
 
 log = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ import pytest
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.mig_devices import DraMig
 from plugin.dra.mig_prepare import BookEntry, MigBook
 from plugin.sources.mig_instances import NvmlMigBackend, SimulatedMigBackend, default_state_path
@@ -57,11 +58,11 @@ async def start_driver(roots, kube_api, topology, backend):
     started: list[DraDriver] = []
     make, inspect = backend
 
-    async def start(instance: str = "pod-1") -> DraDriver:
+    async def start(instance: str = "pod-1", cdi=None) -> DraDriver:
         mig = DraMig("dynamic", frozenset({0, 1}), placements=inspect.placements)
         opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER, mig=mig), kubelet_root=roots[0],
                           cdi_root=roots[1], instance_id=instance, resync_s=3600, mig_backend=make)
-        drv = DraDriver(opts, kube_api)
+        drv = DraDriver(opts, kube_api, cdi=cdi)
         await drv.start(topology)
         started.append(drv)
         return drv
@@ -198,6 +199,19 @@ async def test_a_crash_between_create_and_record_is_settled_at_restart(created, 
     if created:
         assert f"={inst.uuid}" in " ".join(spec(roots, uid)["devices"][0]["containerEdits"]["env"])
     assert (await plugin.unprepare(("team", uid, "small"))).claims[uid].error == ""
+    assert made(backend, topology) == [] and book(roots) == []
+
+
+async def test_a_claim_whose_spec_cannot_be_written_gives_its_instance_back(start_driver, roots, apiserver, backend,
+                                                                           topology):
+    class FullDisk(ClaimSpecs):
+        def write_claim_spec(self, claim_uid, devices):
+            raise OSError(28, "No space left on device")
+
+    await start_driver(cdi=FullDisk(roots[1], DRIVER))
+    plugin = await plugin_for(roots)
+    uid = apiserver.add_claim("team", "small", claim("gpu-0-mig-1g-10gb-2"))
+    assert "No space left" in (await plugin.prepare(("team", uid, "small"))).claims[uid].error
     assert made(backend, topology) == [] and book(roots) == []
 
 

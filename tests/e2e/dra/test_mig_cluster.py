@@ -80,8 +80,11 @@ def env(tmp_path_factory, cluster_inputs):
     t0 = time.monotonic()
     for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
         STAGES["cluster up"] = time.monotonic() - t0
-        yield {"c": c, "node": node, "image": cluster_inputs["image"].ref,
-               "topology": load_simulated(str(node.node_file))}
+        state = {"c": c, "node": node, "image": cluster_inputs["image"].ref,
+                 "topology": load_simulated(str(node.node_file))}
+        yield state
+    if "pending_reason" in state:
+        print(f"\nthe scheduler on the 4g.40gb claim: {state['pending_reason']}", file=sys.stderr)
     print("\nDRA MIG e2e stage times:", file=sys.stderr)
     for name, dt in STAGES.items():
         print(f"  {name:<52} {dt:7.1f} s", file=sys.stderr)
