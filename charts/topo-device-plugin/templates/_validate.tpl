@@ -223,6 +223,11 @@ vf_ranges): {path, kind, items}. */}}
 {{- end }}
 {{- end }}
 
+{{- $draMig := include "topo-device-plugin.option" (dict "root" . "key" "draMig" "flag" "--dra-mig" "default" "none") | fromJson }}
+{{- if and (ne $draMig.value "none") (not (has $gpu (.Values.dra.resources | default list))) }}
+{{- fail (printf "%s: MIG through DRA needs the GPU resource %s in draResources (fix: add it, or set draMig none)" $draMig.where $gpu) }}
+{{- end }}
+
 {{- /* time-slicing entries */}}
 {{- $domain := splitList "/" $gpu | first }}
 {{- $targets := dict }}
