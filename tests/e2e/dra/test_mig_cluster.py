@@ -38,13 +38,6 @@ pytestmark = pytest.mark.timeout(1800)
 DRIVER = "topo.dev"
 STAGES: dict[str, float] = {}
 
-MIG_CLASS = {
-    "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"mig.{DRIVER}"},
-    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}" && '
-                                                  f'device.attributes["{DRIVER}"].type == "mig"'}}]},
-}
-
-
 def template(name: str, cel: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name, "namespace": NAMESPACE},
@@ -101,7 +94,9 @@ def installed(env):
     with stage("helm install + driver Ready"):
         helm_upgrade(c, values)
         env["daemon"] = wait_daemon_ready(c)
-    c.apply(MIG_CLASS)
+    # The chart adds the class of MIG devices with draMig (type "mig").
+    cls = c.get("deviceclass", f"mig.{DRIVER}")
+    assert '.type == "mig"' in cls["spec"]["selectors"][0]["cel"]["expression"]
     for t in TEMPLATES:
         c.apply(t)
     return env
