@@ -32,6 +32,7 @@ from allocator.topology import Device
 
 from ..atomic_file import replace_file
 from .mig_profiles import COMPUTE_SLICES, MEMORY_SLICES, GpuMigTable, Placement, table_for
+from .nvml_mig import ProfileCalls
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,8 @@ class NvmlMigBackend:
     def __init__(self, nvml: Any):
         self.nvml = nvml
         self._initialised = False
+        #: Profile-info calls in the newest version the driver has (R470 lacks the versioned ones).
+        self.calls = ProfileCalls(nvml)
 
     def _handle(self, gpu: Device) -> Any:
         if not self._initialised:
@@ -181,7 +184,7 @@ class NvmlMigBackend:
         out: list[Placement] = []
         for profile in table.profiles:
             try:
-                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile.gi_profile)
+                info = self.calls("nvmlDeviceGetGpuInstanceProfileInfo", handle, profile.gi_profile)
                 slots = (nv.c_nvmlGpuInstancePlacement_t * MEMORY_SLICES)()
                 count = ctypes.c_uint(MEMORY_SLICES)
                 nv.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id, slots, ctypes.byref(count))
@@ -215,7 +218,7 @@ class NvmlMigBackend:
     def _profile_by_id(self, handle: Any, table: GpuMigTable, profile_id: int) -> Any:
         for p in table.profiles:
             try:
-                if self.nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, p.gi_profile).id == profile_id:
+                if self.calls("nvmlDeviceGetGpuInstanceProfileInfo", handle, p.gi_profile).id == profile_id:
                     return p
             except self.nvml.NVMLError:
                 continue
@@ -239,14 +242,14 @@ class NvmlMigBackend:
         handle = self._handle(gpu)
         p = placement.profile
         try:
-            info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, p.gi_profile)
+            info = self.calls("nvmlDeviceGetGpuInstanceProfileInfo", handle, p.gi_profile)
             where = nv.c_nvmlGpuInstancePlacement_t(placement.start, p.memory_slices)
             gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, ctypes.byref(where))
         except nv.NVMLError as e:
             raise self._err(gpu, f"creating GPU instance {p.name} at slice {placement.start}", e) from None
         try:
             gi_id = int(nv.nvmlGpuInstanceGetInfo(gi).id)
-            ci_info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, p.ci_profile, 0)
+            ci_info = self.calls("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, p.ci_profile, 0)
             ci = nv.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
             ci_id = int(nv.nvmlComputeInstanceGetInfo(ci).id)
         except nv.NVMLError as e:

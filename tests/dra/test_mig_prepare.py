@@ -22,7 +22,7 @@ from plugin.dra.mig_prepare import BookEntry, MigBook
 from plugin.sources.mig_instances import NvmlMigBackend, SimulatedMigBackend, default_state_path
 from plugin.sources.mig_profiles import H100_80GB
 from plugin.sources.simulated import load_node_yaml
-from topo_testkit.fake_nvml import FakeNvml
+from topo_testkit.fake_nvml import R470_MISSING, FakeNvml
 from topo_testkit.mig_node import mig_node_text
 
 NODE = "node-a"
@@ -238,3 +238,17 @@ def test_nvml_placements_match_the_profile_table_and_a_refused_profile_is_left_o
     assert backend.placements(gpu(topology, 0)) == [p for p in H100_80GB.placements() if p.profile.name != "1g.10gb"]
     # A GPU not in MIG mode offers none (NVML: not supported).
     assert backend.placements(gpu(topology, 5)) == []
+
+
+def test_an_r470_driver_without_the_versioned_profile_calls_still_creates_and_destroys(topology):
+    fake = FakeNvml(topology, missing_functions=R470_MISSING)
+    backend = NvmlMigBackend(fake)
+    assert backend.placements(gpu(topology, 1)) == H100_80GB.placements()
+    p = next(p for p in H100_80GB.placements() if p.profile.name == "2g.20gb" and p.start == 4)
+    inst = backend.create(gpu(topology, 1), p)
+    assert fake.mig_instances("GPU1") == [("2g.20gb", 4, inst.gi, 0)]
+    assert [(i.profile, i.start, i.uuid) for i in backend.instances(gpu(topology, 1))] == [("2g.20gb", 4, inst.uuid)]
+    backend.destroy(gpu(topology, 1), inst.gi, inst.ci)
+    backend.destroy(gpu(topology, 1), inst.gi, inst.ci)  # again: already gone is not an error
+    assert fake.mig_instances("GPU1") == []
+    assert fake.calls["nvmlDeviceGetGpuInstanceProfileInfo"] > 0 and fake.calls["nvmlDeviceGetGpuInstanceProfileInfoV"] == 1
