@@ -223,6 +223,9 @@ def resource_options(settings: Settings) -> ResourceOptions:
         log.warning("passDeviceSpecs false has no effect without a CDI device list strategy: device nodes are "
                     "still passed", extra={"device_list_strategy": ",".join(options.gpu_allocate.device_list_strategy)})
     dra = list(v.get("dra_resources") or [])
+    if (v.get("dra_mig") or "none") != "none" and options.gpu_resource_name not in dra:
+        raise OptionError(f"{option_source(settings, 'dra_mig')}: MIG through DRA needs the GPU resource "
+                          f"{options.gpu_resource_name} in draResources (fix: add it, or set draMig none)")
     if not dra:
         return options
     return replace(options, dra_resources=check_modes(options, dra, option_source(settings, "dra_resources")))

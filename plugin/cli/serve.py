@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
+import logging
+from typing import Any
 
 import click
 
@@ -16,6 +18,8 @@ from ..observability.logging_setup import setup_logging
 from ..allocation.pod_resources import socket_path
 from .options import Settings, make_source, option_source, resource_options, resource_reloader, with_settings
 from .routing import Command
+
+log = logging.getLogger(__name__)
 
 
 def dra_factory(settings: Settings) -> DraFactory:
@@ -32,8 +36,9 @@ def dra_factory(settings: Settings) -> DraFactory:
         from ..dra import DraDriver, DraOptions, SliceOptions
         from ..dra.kubeapi import KubeConfigError, in_cluster_api, kubeconfig_api
 
+        mig, backend, caps = dra_mig(settings)
         try:
-            slices = SliceOptions(node_name=node, include=include)
+            slices = SliceOptions(node_name=node, include=include, mig=mig)
         except ValueError as e:
             raise InputError(f"NODE_NAME: {e} (fix: set it from fieldRef spec.nodeName)") from None
         try:
@@ -45,10 +50,65 @@ def dra_factory(settings: Settings) -> DraFactory:
             raise RuntimeFailure(f"DRA mode cannot reach the API server: {e} (fix: run in a pod with a service "
                                  "account token, or set KUBECONFIG)") from None
         return DraDriver(DraOptions(slices, kubelet_root=v["kubelet_root_dir"], cdi_root=v["cdi_spec_dir"],
-                                    instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"]),
+                                    instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"],
+                                    mig_backend=backend, mig_caps=caps),
                          api, owns_api=True)
 
     return make
+
+
+def dra_mig(settings: Settings) -> tuple[Any, Any, Any]:
+    """(DraMig, MIG backend factory or None, capability-node reader) from `--dra-mig`/`--dra-mig-gpus`.
+
+    A simulated node keeps its MIG instances in a file in the driver's plugin directory
+    (`simulated-mig.json`); real GPUs go through NVML, with capability nodes from procfs.
+    """
+    from ..dra.mig_devices import DraMig
+    from ..dra.mig_prepare import simulated_caps
+
+    v = settings.values
+    gpus_text = list(v.get("dra_mig_gpus") or [])
+    bad = [g for g in gpus_text if not str(g).isdigit()]
+    if bad:
+        raise InputError(f"{option_source(settings, 'dra_mig_gpus')}: {', '.join(map(str, bad))} is not a GPU index "
+                         "(fix: list GPU indexes, e.g. 0,1)")
+    gpus = frozenset(int(g) for g in gpus_text) or None
+    mode = v.get("dra_mig") or "none"
+    if mode != "dynamic":
+        return DraMig(mode, gpus), None, simulated_caps
+    from ..sources.mig_instances import NvmlMigBackend, SimulatedMigBackend, default_state_path
+
+    if v.get("simulate"):
+        backend = SimulatedMigBackend
+        return (DraMig(mode, gpus, placements=lambda g: backend(os.devnull).placements(g)),
+                lambda plugin_dir: backend(default_state_path(plugin_dir)), simulated_caps)
+    import pynvml
+
+    from ..sources.nvml_mig import CapsReader, caps_attribute
+
+    nvml = NvmlMigBackend(pynvml)
+    cache: dict[str, Any] = {}
+
+    def placements(g: Device) -> Any:
+        if g.name not in cache:  # the GPU's placements never change while it is in MIG mode
+            try:
+                cache[g.name] = nvml.placements(g)
+            except Exception as e:  # noqa: BLE001 (a GPU NVML cannot answer for offers no placement, for now)
+                log.error("MIG placements not read; the GPU is published without them", extra={"gpu": g.name,
+                                                                                                 "reason": str(e)})
+                return []
+        return cache[g.name]
+
+    def caps(gpu: Device, inst: Any) -> dict[str, str]:
+        reader = CapsReader(v["proc_root"])
+        minor = gpu.minor if gpu.minor is not None else gpu.index
+        gi, ci = reader.minor(minor, inst.gi, None), reader.minor(minor, inst.gi, inst.ci)
+        out = {"caps": caps_attribute(gi, ci)} if gi is not None and ci is not None else {}
+        if reader.major:
+            out["caps_major"] = reader.major
+        return out
+
+    return DraMig(mode, gpus, placements=placements), lambda _plugin_dir: nvml, caps
 
 
 @click.command(cls=Command, examples=("topo-device-plugin serve --simulate dgx-h100 --device-plugin-path /tmp/dp",))

@@ -240,6 +240,15 @@ OPTIONS: tuple[Option, ...] = (
            "separated. Each device is served one way only (docs/dra.md).", kind="list", commands=SERVE,
            chart_managed=True, metavar="NAMES", target=Target.DRA, default_text="none (every resource through the device-plugin API)",
            schema_extra={"pattern": "^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"}),
+    Option("dra_mig", "GPUs in MIG mode served through DRA: none (served whole), static (their existing MIG devices "
+           "are the DRA devices) or dynamic (partitionable GPUs: every possible MIG placement is published with "
+           "shared counters and created at prepare; the other GPUs in MIG mode are static). Needs the GPU resource in "
+           "draResources (docs/dra.md).", kind="choice", default="none", choices=("none", "static", "dynamic"),
+           commands=SERVE, target=Target.DRA),
+    Option("dra_mig_gpus", "Under draMig dynamic: the indexes of the partitionable GPUs (comma separated); default: "
+           "every GPU in MIG mode that has a profile table (80 GB A100/H100).", kind="list", commands=SERVE,
+           metavar="INDEXES", target=Target.DRA, default_text="every GPU in MIG mode",
+           schema_extra={"pattern": "^[0-9]+$"}),
     Option("sysfs_root", "Where sysfs is mounted (real hardware).", kind="path", default="/sys", target=D),
     Option("dev_root", "Where device nodes are (real hardware; Allocate answers name the nodes found here).",
            kind="path", default="/dev", target=D),

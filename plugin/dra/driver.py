@@ -39,6 +39,7 @@ from ..model.cdi import CdiOptions
 from .cdi import ClaimCdi, ClaimSpecs
 from .checkpoint import ClaimCheckpoint
 from .health_service import HealthBoard
+from .mig_prepare import CapsFor, MigPreparer, simulated_caps
 from .paths import DraPaths, new_instance_id
 from .prepare import ClaimPreparer, PrepareLimits
 from .publisher import SlicePublisher
@@ -69,6 +70,11 @@ class DraOptions:
     stop_grace_s: float = 1.0
     #: Seconds between repeats of the device health list on the kubelet's DRAResourceHealth stream.
     health_heartbeat_s: float = 10.0
+    #: Dynamic MIG (`slices.mig.mode == "dynamic"`): creates and destroys MIG instances (plugin/sources/mig_instances.py);
+    #: a callable given the driver's plugin directory (where a simulated backend keeps its state).
+    mig_backend: Any = None
+    #: The capability nodes of a created MIG instance (`caps`, `caps_major` attributes); procfs on real GPUs.
+    mig_caps: CapsFor = simulated_caps
 
     @property
     def driver_name(self) -> str:
@@ -108,6 +114,11 @@ class DraDriver:
         self._service: grpc.aio.Server | None = None
         self._registrar: grpc.aio.Server | None = None
         self.preparer: ClaimPreparer | None = None
+        #: Dynamic MIG's instance keeper (plugin/dra/mig_prepare.py), when a GPU is partitionable.
+        self.mig: MigPreparer | None = None
+        if options.slices.mig.mode == "dynamic" and options.mig_backend is not None:
+            self.mig = MigPreparer(options.mig_backend(self.paths.plugin_dir), self.paths.mig_book,
+                                   lambda: {d.name: d for d in self.topology.gpus}, caps=options.mig_caps)
 
     @property
     def topology(self) -> NodeTopology:
@@ -128,11 +139,15 @@ class DraDriver:
         claims = self.checkpoint.check()
         for uid in await self.checkpoint.update(self._remove_orphan_specs):
             log.info("removed the CDI spec of a claim no checkpoint entry owns", extra={"claim_uid": uid})
+        if self.mig is not None:
+            for e in await self.checkpoint.update(self.mig.recover):
+                log.info("settled a MIG instance of an interrupted prepare",
+                         extra={"claim_uid": e.claim, "device": e.device, "state": e.state})
         for path in self.paths.remove_stale_sockets():
             log.info("removed a stale socket of an earlier instance", extra={"socket": path})
         self.preparer = preparer = ClaimPreparer(
             options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi, read_claim=self.api.get_claim,
-            topology=lambda: self.topology, limits=self.options.prepare_limits)
+            topology=lambda: self.topology, limits=self.options.prepare_limits, mig=self.mig)
         self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer, self.health))
         self._registrar = await _serve(self.paths.registration_socket,
                                        lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))

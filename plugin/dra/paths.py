@@ -5,6 +5,7 @@ Layout (kubelet root `/var/lib/kubelet` by default):
     plugins_registry/<driver>-<instance>-reg.sock   registration socket (plugin watcher)
     plugins/<driver>/dra-<instance>.sock            the DRA gRPC service (PluginInfo.endpoint)
     plugins/<driver>/checkpoint.json                prepared claims (shared by all instances)
+    plugins/<driver>/mig-instances.json             MIG instances made for claims (dynamic MIG)
     plugins/<driver>/serialize.lock                 flock taken around every prepare/unprepare
 
 Why one socket pair per *instance* (the pod UID in a DaemonSet, else a random
@@ -102,6 +103,11 @@ class DraPaths:
     @property
     def lock(self) -> str:
         return os.path.join(self.plugin_dir, "serialize.lock")
+
+    @property
+    def mig_book(self) -> str:
+        """MIG instances made for claims (dynamic MIG; plugin/dra/mig_prepare.py)."""
+        return os.path.join(self.plugin_dir, "mig-instances.json")
 
     def make_dirs(self) -> None:
         """Create the directories, and check that nothing but a socket sits at this instance's socket paths:

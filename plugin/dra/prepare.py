@@ -49,9 +49,11 @@ from typing import Any, Union
 
 from allocator.topology import Device, NodeTopology
 
+from ..sources.mig_instances import MigError
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from .kubeapi import KubeApiUnreachable
+from .mig_prepare import MigPreparer
 from .slices import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
@@ -111,8 +113,10 @@ def _batches(items: Sequence[ClaimRef], size: int) -> Iterator[Sequence[ClaimRef
 class ClaimPreparer:
     def __init__(self, *, options: SliceOptions, checkpoint: ClaimCheckpoint, cdi: ClaimCdi,
                  read_claim: ClaimReader, topology: Callable[[], NodeTopology],
-                 limits: PrepareLimits = PrepareLimits()):
+                 limits: PrepareLimits = PrepareLimits(), mig: MigPreparer | None = None):
         self.options = options
+        #: Dynamic MIG: creates a claim's MIG instances before its CDI spec is written (plugin/dra/mig_prepare.py).
+        self.mig = mig
         self.checkpoint = checkpoint
         self.cdi = cdi
         self.read_claim = read_claim
@@ -191,9 +195,11 @@ class ClaimPreparer:
                 done[ref.uid] = _stopping()
                 continue
             try:
+                if self.mig is not None:
+                    allocated = self.mig.prepare(ref.uid, allocated)
                 ids = self.cdi.write_claim_spec(ref.uid, [(name, dev) for name, dev, _ in allocated])
             except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
-                done[ref.uid] = e
+                done[ref.uid] = e if self.mig is None else self._undo_mig(ref.uid, e)
                 continue
             claims[ref.uid] = done[ref.uid] = PreparedClaim(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name,
@@ -204,6 +210,15 @@ class ClaimPreparer:
             log.info("prepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
                                               "devices": [name for name, _, _ in allocated]})
         return done
+
+    def _undo_mig(self, uid: str, error: Exception) -> Exception:
+        """A claim that failed after its MIG instances were made gives them back (or says why it could not)."""
+        try:
+            self.mig.release(uid)  # type: ignore[union-attr]
+        except Exception as e:  # noqa: BLE001
+            log.error("MIG instances of a failed prepare not destroyed; unprepare retries", extra={"uid": uid,
+                                                                                                  "reason": str(e)})
+        return error if not isinstance(error, MigError) else PrepareError(f"MIG: {error}")
 
     async def _allocation(self, ref: ClaimRef, reads: _CallReads,
                           table: dict[str, Device]) -> Allocated | Exception:
@@ -287,6 +302,8 @@ class ClaimPreparer:
         out: dict[str, Exception | None] = {}
         for ref in batch:
             try:
+                if self.mig is not None:  # destroyed before the claim is forgotten: a crash cannot leak one
+                    self.mig.release(ref.uid)
                 # Also when unknown: a crash between writing the CDI spec and the checkpoint leaves a spec behind.
                 self.cdi.remove_claim_spec(ref.uid)
             except Exception as e:  # noqa: BLE001 (this claim stays recorded; the others go on)

@@ -42,6 +42,7 @@ from typing import Any
 from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
 
 from ..model.identity import device_uuid
+from .mig_devices import MAX_COUNTER_SETS_PER_SLICE, DraMig, counter_sets, expand_gpu, table_entries
 from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
 
 API_VERSION = "resource.k8s.io/v1"
@@ -80,6 +81,8 @@ class SliceOptions:
     #: `taint` or `remove` (see the module docstring).
     unhealthy: str = "taint"
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE
+    #: GPUs in MIG mode: served whole, as static MIG devices, or partitionable (plugin/dra/mig_devices.py).
+    mig: DraMig = field(default_factory=DraMig)
 
     def __post_init__(self) -> None:
         check_driver_name(self.driver_name)
@@ -241,7 +244,9 @@ def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[st
     switches = membership(pcie_switch_groups(topology), "pix")
     nvlink = membership(nvlink_domains(topology), "nvlink")
     roots = pcie_roots(topology)
-    chosen = pair_aligned_order([d for d in topology.devices if options.include(d)], topology)
+    # MIG devices are published through their GPU (mig_devices.expand_gpu), never on their own.
+    chosen = pair_aligned_order([d for d in topology.devices if options.include(d) and d.kind != DeviceKind.MIG],
+                                topology)
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}
     for d in chosen:
@@ -269,7 +274,7 @@ def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[st
         if not d.healthy:
             entry["taints"] = [{"key": f"{options.driver_name}/unhealthy", "value": d.health,
                                 "effect": "NoSchedule"}]
-        out.append(entry)
+        out.extend(expand_gpu(topology, d, entry, options.mig) if d.kind == DeviceKind.GPU else [entry])
     return out
 
 
@@ -290,10 +295,14 @@ def build_resource_slices(
     if generation < 1:
         raise ValueError("pool generation starts at 1")
     devices = build_devices(topology, options)
-    chunks = [devices[i:i + options.max_devices_per_slice]
-              for i in range(0, len(devices), options.max_devices_per_slice)] or [[]]
+    chunks: list[list[dict[str, Any]]] = [devices[i:i + options.max_devices_per_slice]
+                                          for i in range(0, len(devices), options.max_devices_per_slice)] or [[]]
+    # Counter sets of partitionable GPUs go in slices of their own (a slice has devices or counters).
+    counters = counter_sets([d for d in topology.gpus if options.include(d)], options.mig)
+    counter_chunks = [counters[i:i + MAX_COUNTER_SETS_PER_SLICE]
+                      for i in range(0, len(counters), MAX_COUNTER_SETS_PER_SLICE)]
     out = []
-    for i, chunk in enumerate(chunks):
+    for i, chunk in enumerate(chunks + counter_chunks):
         meta: dict[str, Any] = {
             "name": slice_name(options, i),
             "labels": {"app.kubernetes.io/managed-by": MANAGED_BY},
@@ -304,9 +313,12 @@ def build_resource_slices(
         spec: dict[str, Any] = {
             "driver": options.driver_name,
             "nodeName": options.node_name,
-            "pool": {"name": options.pool, "generation": generation, "resourceSliceCount": len(chunks)},
+            "pool": {"name": options.pool, "generation": generation,
+                     "resourceSliceCount": len(chunks) + len(counter_chunks)},
         }
-        if chunk:
+        if i >= len(chunks):
+            spec["sharedCounters"] = chunk
+        elif chunk:
             spec["devices"] = chunk
         out.append({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec})
     return out
@@ -318,7 +330,16 @@ def device_table(topology: NodeTopology, options: SliceOptions) -> dict[str, Dev
     Every GPU carries the UUID its slice publishes (`plugin.model.identity`), also a simulated one that
     has none of its own: what prepare puts in the container must be what a claim selected on.
     """
-    return {device_name(d): _with_uuid(topology, d) for d in topology.devices if options.include(d)}
+    out: dict[str, Device] = {}
+    for d in topology.devices:
+        if not options.include(d) or d.kind == DeviceKind.MIG:
+            continue
+        mig = table_entries(topology, d, options.mig) if d.kind == DeviceKind.GPU else None
+        if mig is not None:  # a GPU in MIG mode served as MIG devices (static or partitionable)
+            out.update(mig)
+        else:
+            out[device_name(d)] = _with_uuid(topology, d)
+    return out
 
 
 def _with_uuid(topology: NodeTopology, d: Device) -> Device:

@@ -11,8 +11,8 @@ and nothing else.
 Combinations refused, with the file/field and the fix:
 - a name that is not a resource of this configuration (a typo would silently
   leave the devices with the device plugin);
-- the GPU resource with a MIG strategy other than `none` (MIG devices as DRA
-  devices are partitionable devices, not supported: docs/dra.md);
+- the GPU resource with a MIG strategy other than `none` (through DRA, MIG is
+  `--dra-mig`'s business: static MIG devices or partitionable GPUs, docs/dra.md);
 - the GPU resource with time-slicing (DRA devices are never shared between
   claims here).
 """
@@ -45,9 +45,9 @@ def check_modes(options: ResourceOptions, dra: Sequence[str], where: str) -> fro
     gpu = options.gpu_resource_name
     if gpu in dra and options.mig_strategy != "none":
         raise OptionError(f"{where}: {gpu} through DRA needs MIG strategy none, not {options.mig_strategy!r}: "
-                          "MIG devices would be DRA partitionable devices, which are not supported (fix: set "
-                          f"flags.migStrategy none, or remove {gpu} from draResources to keep MIG on the "
-                          "device-plugin side)")
+                          "migStrategy is the device-plugin side's; through DRA, MIG devices are chosen by draMig "
+                          "(fix: set flags.migStrategy none and flags.draMig static or dynamic, or remove "
+                          f"{gpu} from draResources to keep MIG on the device-plugin side)")
     if gpu in dra and options.time_slicing is not None and options.time_slicing.resources:
         raise OptionError(f"{where}: {gpu} through DRA cannot be time-sliced: a DRA device belongs to one claim "
                           f"at a time (fix: remove sharing.timeSlicing, or remove {gpu} from draResources)")

@@ -886,6 +886,16 @@ def test_dra_off_by_default(default):
     assert not any(a.startswith("--dra-resources") for a in default.container["args"])
 
 
+@pytest.mark.parametrize("how", [{"config": {"flags": {"draMig": "dynamic"}}},
+                                 {"extraArgs": ["--dra-mig=static"]}], ids=["config", "extra-args"])
+def test_dra_mig_adds_a_device_class_for_mig_devices(helm, tmp_path, how):
+    r = render(helm, tmp_path, {"dra": {"resources": ["nvidia.com/gpu"]}, **how})
+    classes = _by_name(r, "DeviceClass")
+    assert set(classes) == {"gpu.topo.dev", "nic.topo.dev", "mig.topo.dev"}
+    [sel] = classes["mig.topo.dev"]["spec"]["selectors"]
+    assert sel["cel"]["expression"] == 'device.driver == "topo.dev" && device.attributes["topo.dev"].type == "mig"'
+
+
 def test_dra_without_example_templates(helm, tmp_path):
     r = render(helm, tmp_path, {"dra": {"resources": ["nvidia.com/gpu"], "deviceClasses": False}})
     assert not any(o["kind"] in ("DeviceClass", "ResourceClaimTemplate") for o in r.objects)

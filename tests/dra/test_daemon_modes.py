@@ -120,12 +120,16 @@ async def test_one_process_serves_gpus_through_dra_and_nics_through_the_device_p
     ("flags: {draResources: [example.com/nope]}", {}, ["field flags.draResources", "'example.com/nope'",
                                                        "nvidia.com/gpu, topo.dev/nic", "fix:"]),
     ("flags: {draResources: nvidia.com/gpu, migStrategy: mixed}", {}, ["field flags.draResources",
-                                                                     "partitionable", "fix:"]),
+                                                                     "draMig", "fix:"]),
     ("flags: {draResources: [nvidia.com/gpu]}\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, "
      "replicas: 4}]}}", {}, ["field flags.draResources", "time-sliced", "fix:"]),
     ("flags: {draResources: [nvidia.com/gpu]}", {"NODE_NAME": ""}, ["NODE_NAME", "fix:"]),
     ("flags: {draResources: 'nvidia.com/gpu,,x'}", {}, ["field flags.draResources"]),
-], ids=["unknown-resource", "mig", "time-slicing", "no-node-name", "bad-list"])
+    ("flags: {draResources: [topo.dev/nic], draMig: static}", {}, ["field flags.draMig", "nvidia.com/gpu",
+                                                                    "draResources", "fix:"]),
+    ("flags: {draResources: [nvidia.com/gpu], draMig: dynamic, draMigGpus: [GPU0]}", {}, ["flags.draMigGpus"]),
+], ids=["unknown-resource", "mig", "time-slicing", "no-node-name", "bad-list", "dra-mig-without-gpus",
+        "dra-mig-gpus-not-indexes"])
 def test_bad_combinations_stop_start_up_naming_file_field_and_fix(tmp_path, config, extra_env, words):
     path = tmp_path / "config.yaml"
     path.write_text(f"version: v1\n{config}\n")

@@ -216,11 +216,16 @@ vf_ranges): {path, kind, items}. */}}
 {{- end }}
 {{- if has $gpu (.Values.dra.resources | default list) }}
 {{- if ne $mig "none" }}
-{{- fail (printf "dra.resources: %s through DRA needs MIG strategy none, not '%s': MIG devices would be DRA partitionable devices, which are not supported (fix: set flags.migStrategy none, or remove %s from draResources to keep MIG on the device-plugin side)" $gpu $mig $gpu) }}
+{{- fail (printf "dra.resources: %s through DRA needs MIG strategy none, not '%s': migStrategy is the device-plugin side's; through DRA, MIG devices are chosen by draMig (fix: set flags.migStrategy none and flags.draMig static or dynamic, or remove %s from draResources to keep MIG on the device-plugin side)" $gpu $mig $gpu) }}
 {{- end }}
 {{- if $shared }}
 {{- fail (printf "dra.resources: %s through DRA cannot be time-sliced: a DRA device belongs to one claim at a time (fix: remove sharing.timeSlicing, or remove %s from draResources)" $gpu $gpu) }}
 {{- end }}
+{{- end }}
+
+{{- $draMig := include "topo-device-plugin.option" (dict "root" . "key" "draMig" "flag" "--dra-mig" "default" "none") | fromJson }}
+{{- if and (ne $draMig.value "none") (not (has $gpu (.Values.dra.resources | default list))) }}
+{{- fail (printf "%s: MIG through DRA needs the GPU resource %s in draResources (fix: add it, or set draMig none)" $draMig.where $gpu) }}
 {{- end }}
 
 {{- /* time-slicing entries */}}

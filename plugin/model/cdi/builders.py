@@ -125,20 +125,25 @@ def gpu_spec(kind: str, members: Sequence[Member], options: CdiOptions) -> CdiSp
     return CdiSpec(kind, _devices(entries), _control_edits(r, options.gpu_env))
 
 
+def mig_nodes(d: Device, r: NodeResolver) -> list[DeviceNode]:
+    """A MIG device's nodes: its GPU's `/dev/nvidia<minor>` and the GPU and compute instance capability nodes."""
+    nodes: list[DeviceNode | None] = []
+    if d.minor is not None:
+        nodes.append(r.node(f"/dev/nvidia{d.minor}"))
+    major = d.attributes.get("caps_major")
+    for cap in (c for c in d.attributes.get("caps", "").split(",") if c):
+        minor = cap.rsplit("nvidia-cap", 1)[-1]
+        fallback = (int(major), int(minor)) if major and minor.isdigit() else None
+        nodes.append(r.node(cap, fallback=fallback))
+    return [n for n in nodes if n is not None]
+
+
 def mig_spec(kind: str, members: Sequence[Member], options: CdiOptions) -> CdiSpec | None:
     """The spec of a MIG resource (see the module docstring for what a MIG `Device` carries)."""
     r = options.resolver
     entries = []
     for i, d in _physical(members):
-        nodes: list[DeviceNode | None] = []
-        if d.minor is not None:
-            nodes.append(r.node(f"/dev/nvidia{d.minor}"))
-        major = d.attributes.get("caps_major")
-        for cap in (c for c in d.attributes.get("caps", "").split(",") if c):
-            minor = cap.rsplit("nvidia-cap", 1)[-1]
-            fallback = (int(major), int(minor)) if major and minor.isdigit() else None
-            nodes.append(r.node(cap, fallback=fallback))
-        edits = Edits(tuple(n for n in nodes if n is not None))
+        edits = Edits(tuple(mig_nodes(d, r)))
         if not edits.empty:
             entries.append((_names(i, d.uuid, d.attributes.get("index")), edits))
     if not entries:
@@ -193,11 +198,13 @@ def claim_spec(kind: str, devices: Sequence[Member], options: CdiOptions,
         nodes: list[DeviceNode | None]
         if d.kind is DeviceKind.GPU:
             nodes = [r.node(f"/dev/nvidia{d.minor if d.minor is not None else d.index}")]
+        elif d.kind is DeviceKind.MIG:
+            nodes = list(mig_nodes(d, r))
         else:
             nodes = list(nic_nodes(d, r))
         out.append(CdiDevice(device_name(name), Edits(tuple(n for n in nodes if n is not None),
                                                       tuple(env[i]) if i < len(env) else ())))
-    gpus = any(d.kind is DeviceKind.GPU for _, d in devices)
+    gpus = any(d.kind in (DeviceKind.GPU, DeviceKind.MIG) for _, d in devices)
     return CdiSpec(kind, tuple(out), _control_edits(r, options.gpu_env) if gpus else Edits())
 
 

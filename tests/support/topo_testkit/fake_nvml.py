@@ -72,6 +72,7 @@ import pynvml
 
 from allocator.topology import Device, DeviceKind, FabricInfo, LinkLevel, NodeTopology
 
+from plugin.sources.mig_profiles import COMPUTE_SLICES, table_for
 from plugin.sources.nvml_mig import CI_PROFILES, GI_PROFILES, cap_minors
 from plugin.sources.pcie import normalize_bdf
 
@@ -181,9 +182,27 @@ class FakeInstance:
 
 
 @dataclass
+class FakePlacement:
+    start: int
+    size: int
+
+
+@dataclass
 class FakeInstanceInfo:
     id: int
     profileId: int
+    placement: FakePlacement = field(default_factory=lambda: FakePlacement(0, 0))
+
+
+@dataclass
+class _FakeGi:
+    """A GPU instance made through `nvmlDeviceCreateGpuInstanceWithPlacement` (dynamic MIG)."""
+
+    gi_profile: int
+    start: int
+    size: int
+    ci: int | None = None  # its compute instance, once made
+    slot: int | None = None  # the MIG device slot of that compute instance
 
 
 @dataclass
@@ -229,6 +248,8 @@ class _FakeGpu:
     mig_mode: bool = False
     #: slot -> MIG device
     migs: dict[int, FakeMig] = field(default_factory=dict)
+    #: GPU instance ID -> GPU instance made at run time (dynamic MIG)
+    gis: dict[int, _FakeGi] = field(default_factory=dict)
     fabric: FabricInfo | None = None
 
 
@@ -294,6 +315,8 @@ class FakeNvml:
         self._lock = threading.Lock()
         self._sets: list[_EventSet] = []
         self._wait_failure: tuple[int, int | None] | None = None  # (code, remaining or None=forever)
+        #: NVML function -> error code of its next call (`fail_next`).
+        self._fail_next: dict[str, int] = {}
         self._registered_cv = threading.Condition(self._lock)
         if remote_device_type == "absent":
             # Old bindings: the attribute does not exist (discovery uses getattr(..., None)).
@@ -553,8 +576,8 @@ class FakeNvml:
         return g
 
     def __getattr__(self, name: str) -> Any:
-        # Constants and error classes only; an NVML function we do not fake must not reach the real library.
-        if name.startswith(("NVML_", "NVMLError", "nvmlEventType", "NVML_NVLINK", "NVML_TOPOLOGY")):
+        # Constants, error classes and ctypes structures only; an NVML function we do not fake must not reach the real library.
+        if name.startswith(("NVML_", "NVMLError", "nvmlEventType", "NVML_NVLINK", "NVML_TOPOLOGY", "c_nvml")):
             return getattr(pynvml, name)
         raise AttributeError(f"FakeNvml does not implement {name}")
 
@@ -763,17 +786,26 @@ class FakeNvml:
         self._count("nvmlDeviceGetGpuInstanceById")
         g = self._h(handle)
         inst = FakeInstance(g.handle.index, gi)
-        self._instance_mig(inst)
+        if gi not in g.gis:
+            self._instance_mig(inst)
         return inst
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gi: FakeInstance, ci: int) -> FakeInstance:
         self._count("nvmlGpuInstanceGetComputeInstanceById")
         inst = FakeInstance(gi.gpu, gi.gi, ci)
+        made = self.gpus[gi.gpu].gis.get(gi.gi)
+        if made is not None:
+            if made.ci != ci:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+            return inst
         self._instance_mig(inst)
         return inst
 
     def nvmlGpuInstanceGetInfo(self, gi: FakeInstance) -> FakeInstanceInfo:
         self._count("nvmlGpuInstanceGetInfo")
+        made = self.gpus[gi.gpu].gis.get(gi.gi)
+        if made is not None:
+            return FakeInstanceInfo(gi.gi, _GI_PROFILE_IDS[made.gi_profile], FakePlacement(made.start, made.size))
         m = self._instance_mig(gi)
         return FakeInstanceInfo(gi.gi, _GI_PROFILE_IDS.get(m.gi_profile, 100 + m.gi_profile))
 
@@ -795,12 +827,123 @@ class FakeNvml:
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: FakeInstance, profile: int, eng: int,
                                                      version: int = 2) -> FakeProfileInfo:
         self._versioned("nvmlGpuInstanceGetComputeInstanceProfileInfo", version)
-        m = self._instance_mig(gi)
+        made = self.gpus[gi.gpu].gis.get(gi.gi)
+        gi_profile = made.gi_profile if made is not None else self._instance_mig(gi).gi_profile
         if profile not in CI_PROFILES or eng != 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if CI_PROFILES[profile] > GI_PROFILES[m.gi_profile][0]:
+        if CI_PROFILES[profile] > GI_PROFILES[gi_profile][0]:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return FakeProfileInfo(profile, CI_PROFILES[profile])
+
+    # dynamic MIG: instances made and destroyed at run time, checked against plugin.sources.mig_profiles
+    def fail_next(self, name: str, code: int = pynvml.NVML_ERROR_UNKNOWN) -> None:
+        """The next call of NVML function `name` fails with `code` (a driver refusing a MIG change)."""
+        self._fail_next[name] = code
+
+    def _mig_call(self, name: str) -> None:
+        self._count(name)
+        self._check_init()
+        code = self._fail_next.pop(name, None)
+        if code is not None:
+            raise pynvml.NVMLError(code)
+
+    def _table_profile(self, g: _FakeGpu, profile_id: int) -> Any:
+        table = table_for(g.model, g.memory_mib)
+        index = next((i for i, pid in _GI_PROFILE_IDS.items() if pid == profile_id), None)
+        profile = table.by_gi_profile(index) if table is not None and index is not None else None
+        if profile is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return profile
+
+    @staticmethod
+    def _deref(ref: Any) -> Any:
+        return getattr(ref, "_obj", ref)  # ctypes.byref(x) -> x
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, handle: Any, profile_id: int, placements: Any,
+                                                   count: Any) -> int:
+        self._mig_call("nvmlDeviceGetGpuInstancePossiblePlacements")
+        g = self._h(handle)
+        if not g.mig_mode:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = self._table_profile(g, profile_id)
+        n = self._deref(count)
+        if n.value < len(profile.starts):
+            n.value = len(profile.starts)
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, start in enumerate(profile.starts):
+            placements[i].start, placements[i].size = start, profile.memory_slices
+        n.value = len(profile.starts)
+        return pynvml.NVML_SUCCESS
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: int, placement: Any) -> FakeInstance:
+        self._mig_call("nvmlDeviceCreateGpuInstanceWithPlacement")
+        g = self._h(handle)
+        if not g.mig_mode:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = self._table_profile(g, profile_id)
+        where = self._deref(placement)
+        if where.start not in profile.starts or where.size != profile.memory_slices:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        table = table_for(g.model, g.memory_mib)
+        assert table is not None
+        want = set(range(where.start, where.start + where.size))
+        compute = profile.compute_slices
+        for other in g.gis.values():
+            if want & set(range(other.start, other.start + other.size)):
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            compute += table.by_gi_profile(other.gi_profile).compute_slices  # type: ignore[union-attr]
+        if compute > COMPUTE_SLICES or g.migs and any(m.slot not in {x.slot for x in g.gis.values()}
+                                                      for m in g.migs.values()):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        gi = min(set(range(1, 15)) - set(g.gis))
+        g.gis[gi] = _FakeGi(profile.gi_profile, where.start, where.size)
+        return FakeInstance(g.handle.index, gi)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: FakeInstance, profile_id: int) -> FakeInstance:
+        self._mig_call("nvmlGpuInstanceCreateComputeInstance")
+        g = self.gpus[gi.gpu]
+        made = g.gis.get(gi.gi)
+        if made is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        if made.ci is not None or CI_PROFILES.get(profile_id, 99) > GI_PROFILES[made.gi_profile][0]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        slot = min(set(range(_MIG_SLOTS)) - set(g.migs))
+        made.ci, made.slot = 0, slot
+        mem = g.memory_mib // 8 * made.size
+        name = f"{g.device.name}-mig{slot}"
+        device = Device(name=name, kind=DeviceKind.MIG, index=slot, parent=g.device.name, memory_mib=mem,
+                        uuid="MIG-" + str(uuidlib.uuid4()))
+        g.migs[slot] = FakeMig(device=device, gpu=gi.gpu, slot=slot, gi=gi.gi, ci=0, gi_profile=made.gi_profile,
+                               ci_profile=profile_id, memory_mib=mem, caps=cap_minors(g.minor, gi.gi, 0))
+        return FakeInstance(gi.gpu, gi.gi, 0)
+
+    def nvmlComputeInstanceDestroy(self, ci: FakeInstance) -> int:
+        self._mig_call("nvmlComputeInstanceDestroy")
+        g = self.gpus[ci.gpu]
+        made = g.gis.get(ci.gi)
+        if made is None or made.ci != ci.ci:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        g.migs.pop(made.slot or 0, None)
+        made.ci, made.slot = None, None
+        return pynvml.NVML_SUCCESS
+
+    def nvmlGpuInstanceDestroy(self, gi: FakeInstance) -> int:
+        self._mig_call("nvmlGpuInstanceDestroy")
+        g = self.gpus[gi.gpu]
+        made = g.gis.get(gi.gi)
+        if made is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        if made.ci is not None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)  # NVML: destroy the compute instances first
+        del g.gis[gi.gi]
+        return pynvml.NVML_SUCCESS
+
+    def mig_instances(self, gpu: str | int) -> list[tuple[str, int, int, int | None]]:
+        """The GPU instances made at run time: (profile name, start, GI ID, CI ID or None), by start."""
+        g = self._gpu(gpu)
+        table = table_for(g.model, g.memory_mib)
+        return sorted((table.by_gi_profile(x.gi_profile).name if table else str(x.gi_profile),  # type: ignore[union-attr]
+                       x.start, gi, x.ci) for gi, x in g.gis.items())
 
     # events
     def nvmlEventSetCreate(self) -> _EventSet:
