@@ -48,6 +48,8 @@ class PreparedDevice:
     device: str
     requests: tuple[str, ...] = ()
     cdi_device_ids: tuple[str, ...] = ()
+    #: The GPU's time-slice interval this claim asked for and got (plugin/dra/sharing.py); "" when none.
+    timeslice: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,7 @@ class PreparedClaim:
         # By hand rather than dataclasses.asdict (a recursive deep copy): the whole file is encoded on every
         # write, in a worker thread whose Python work competes with the event loop for the GIL.
         return {"uid": self.uid, "namespace": self.namespace, "name": self.name,
-                "devices": [{"pool": x.pool, "device": x.device, "requests": list(x.requests),
-                             "cdi_device_ids": list(x.cdi_device_ids)} for x in self.devices]}
+                "devices": [_device_json(x) for x in self.devices]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PreparedClaim:
@@ -70,9 +71,18 @@ class PreparedClaim:
             uid=str(d["uid"]), namespace=str(d["namespace"]), name=str(d["name"]),
             devices=tuple(PreparedDevice(pool=str(x["pool"]), device=str(x["device"]),
                                          requests=tuple(x.get("requests", ())),
-                                         cdi_device_ids=tuple(x.get("cdi_device_ids", ())))
+                                         cdi_device_ids=tuple(x.get("cdi_device_ids", ())),
+                                         timeslice=str(x.get("timeslice", "")))
                           for x in d.get("devices", ())),
         )
+
+
+def _device_json(x: PreparedDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {"pool": x.pool, "device": x.device, "requests": list(x.requests),
+                           "cdi_device_ids": list(x.cdi_device_ids)}
+    if x.timeslice:  # only when set: files of claims without sharing stay as earlier releases wrote them
+        out["timeslice"] = x.timeslice
+    return out
 
 
 def _checksum(claims: dict[str, Any]) -> str:

@@ -41,6 +41,7 @@ from .checkpoint import ClaimCheckpoint
 from .health_service import HealthBoard
 from .paths import DraPaths, new_instance_id
 from .prepare import ClaimPreparer, PrepareLimits
+from .sharing import GpuSharing, NvidiaSmiTimeSlice, SimulatedTimeSlice, state_path
 from .publisher import SlicePublisher
 from .service import RegistrationService, add_dra_services
 from .slices import SliceOptions
@@ -69,6 +70,9 @@ class DraOptions:
     stop_grace_s: float = 1.0
     #: Seconds between repeats of the device health list on the kubelet's DRAResourceHealth stream.
     health_heartbeat_s: float = 10.0
+    #: GPUs are real (NVML): claim time-slices are set with nvidia-smi; otherwise (simulated nodes) they are
+    #: kept in a file beside the checkpoint (plugin/dra/sharing.py).
+    real_gpus: bool = False
 
     @property
     def driver_name(self) -> str:
@@ -132,7 +136,7 @@ class DraDriver:
             log.info("removed a stale socket of an earlier instance", extra={"socket": path})
         self.preparer = preparer = ClaimPreparer(
             options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi, read_claim=self.api.get_claim,
-            topology=lambda: self.topology, limits=self.options.prepare_limits)
+            topology=lambda: self.topology, limits=self.options.prepare_limits, sharing=self._sharing())
         self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer, self.health))
         self._registrar = await _serve(self.paths.registration_socket,
                                        lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))
@@ -140,6 +144,11 @@ class DraDriver:
         log.info("DRA driver serving", extra={"driver": self.options.driver_name, "prepared_claims": claims,
                                               "registration": self.paths.registration_socket,
                                               "endpoint": self.paths.service_socket})
+
+    def _sharing(self) -> GpuSharing:
+        backend = (NvidiaSmiTimeSlice() if self.options.real_gpus
+                   else SimulatedTimeSlice(state_path(self.paths.checkpoint)))
+        return GpuSharing(self.options.driver_name, backend)
 
     def _remove_orphan_specs(self, claims: dict[str, Any]) -> list[str]:
         """Specs left by a crash between writing a claim's spec and recording it (under the checkpoint lock,

@@ -51,7 +51,10 @@ from allocator.topology import Device, NodeTopology
 
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
+from .gpu_config import Interval
 from .kubeapi import KubeApiUnreachable
+from .sharing import GpuSharing, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, device_settings, \
+    holders_of, state_path
 from .slices import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ log = logging.getLogger(__name__)
 ClaimReader = Callable[[str, str], Awaitable[dict[str, Any]]]
 #: One claim's allocated devices: (slice device name, Device, request names).
 Allocated = list[tuple[str, Device, list[str]]]
+#: A claim ready to be recorded: its devices and the time-slice each GPU asks for (plugin/dra/sharing.py).
+Planned = tuple[Allocated, dict[str, Interval]]
 
 
 @dataclass(frozen=True)
@@ -111,8 +116,10 @@ def _batches(items: Sequence[ClaimRef], size: int) -> Iterator[Sequence[ClaimRef
 class ClaimPreparer:
     def __init__(self, *, options: SliceOptions, checkpoint: ClaimCheckpoint, cdi: ClaimCdi,
                  read_claim: ClaimReader, topology: Callable[[], NodeTopology],
-                 limits: PrepareLimits = PrepareLimits()):
+                 limits: PrepareLimits = PrepareLimits(), sharing: GpuSharing | None = None):
         self.options = options
+        #: GPU time-slicing through claim config; simulated GPUs' settings go to a file beside the checkpoint.
+        self.sharing = sharing or GpuSharing(options.driver_name, SimulatedTimeSlice(state_path(checkpoint.path)))
         self.checkpoint = checkpoint
         self.cdi = cdi
         self.read_claim = read_claim
@@ -180,25 +187,36 @@ class ClaimPreparer:
         return out
 
     def _record(self, claims: dict[str, PreparedClaim],
-                ready: list[tuple[ClaimRef, Allocated]]) -> dict[str, Outcome]:
+                ready: list[tuple[ClaimRef, Planned]]) -> dict[str, Outcome]:
         """Under the checkpoint lock: write the batch's CDI specs and record the batch (one file write)."""
         done: dict[str, Outcome] = {}
-        for ref, allocated in ready:
+        for ref, (allocated, wants) in ready:
             if ref.uid in claims:  # another call or instance prepared it meanwhile
                 done[ref.uid] = claims[ref.uid]
                 continue
             if self._stopping.is_set():
                 done[ref.uid] = _stopping()
                 continue
+            devices = {name: dev for name, dev, _ in allocated}
+            if wants:  # one time-slice setting per GPU: checked against every prepared claim, then applied
+                try:
+                    self.sharing.admit(ref.uid, wants, devices, holders_of(claims))
+                except (SharingRefused, TimeSliceApplyError) as e:
+                    done[ref.uid] = PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}")
+                    continue
             try:
-                ids = self.cdi.write_claim_spec(ref.uid, [(name, dev) for name, dev, _ in allocated])
+                ids = self.cdi.write_claim_spec(ref.uid, [(name, dev) for name, dev, _ in allocated],
+                                                device_settings(wants))
             except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
                 done[ref.uid] = e
+                if wants:  # nothing records the setting just applied: undo it where no other claim holds one
+                    self.sharing.release({n: devices[n] for n in wants}, holders_of(claims))
                 continue
             claims[ref.uid] = done[ref.uid] = PreparedClaim(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name,
                 devices=tuple(PreparedDevice(pool=self.options.pool, device=name, requests=tuple(reqs),
-                                             cdi_device_ids=tuple(cdi))
+                                             cdi_device_ids=tuple(cdi),
+                                             timeslice=wants[name].value if name in wants else "")
                               for (name, _, reqs), cdi in zip(allocated, ids)),
             )
             log.info("prepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
@@ -206,9 +224,15 @@ class ClaimPreparer:
         return done
 
     async def _allocation(self, ref: ClaimRef, reads: _CallReads,
-                          table: dict[str, Device]) -> Allocated | Exception:
+                          table: dict[str, Device]) -> Planned | Exception:
         try:
-            return self._allocated_devices(ref, await self._read(ref, reads), table)
+            claim = await self._read(ref, reads)
+            allocated = self._allocated_devices(ref, claim, table)
+            try:
+                wants = self.sharing.wanted(claim, allocated)
+            except SharingRefused as e:
+                raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
+            return allocated, wants
         except PrepareError as e:
             return e
         except Exception as e:  # noqa: BLE001 (one claim's surprise must not fail the others)
@@ -285,6 +309,7 @@ class ClaimPreparer:
 
     def _drop(self, claims: dict[str, PreparedClaim], batch: Sequence[ClaimRef]) -> dict[str, Exception | None]:
         out: dict[str, Exception | None] = {}
+        table: dict[str, Device] | None = None
         for ref in batch:
             try:
                 # Also when unknown: a crash between writing the CDI spec and the checkpoint leaves a spec behind.
@@ -292,8 +317,13 @@ class ClaimPreparer:
             except Exception as e:  # noqa: BLE001 (this claim stays recorded; the others go on)
                 out[ref.uid] = e
                 continue
-            if claims.pop(ref.uid, None) is not None:
+            gone = claims.pop(ref.uid, None)
+            if gone is not None:
                 log.info("unprepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid})
+                shared = [d.device for d in gone.devices if d.timeslice]
+                if shared:  # GPUs it had time-sliced go back to Default once no prepared claim holds a setting
+                    table = table if table is not None else device_table(self.topology(), self.options)
+                    self.sharing.release({n: table[n] for n in shared if n in table}, holders_of(claims))
             out[ref.uid] = None
         return out
 
