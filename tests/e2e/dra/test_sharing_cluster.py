@@ -1,0 +1,226 @@
+"""A shared, time-sliced GPU claim on a real Kubernetes 1.37 cluster: two pods, one GPU, one setting.
+
+One cluster for this module (tests/e2e/cluster, containerd with CDI as in test_dra_cluster.py);
+the chart serves the simulated DGX H100's GPUs through DRA. The story:
+- a ResourceClaim (not a template) asks for one GPU with our GpuConfig `sharing: TimeSlicing,
+  interval: Short`; two pods name it. The scheduler allocates it once and reserves it for both;
+  the kubelet prepares it once; both containers get the same GPU device node and env, and
+  `TOPO_DEV_<GPU>_TIMESLICE=Short`; the simulated GPU backend's settings file says Short;
+- a claim whose config asks an interval that does not exist: its pod never starts, the kubelet's
+  event carries our reason (field and fix), nothing is prepared;
+- deleting the first pod keeps the claim prepared for the second; deleting the second
+  unprepares it once: checkpoint entry, CDI spec and the GPU's setting are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from typing import Any
+
+import pytest
+from cluster import NODE, Cluster
+from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
+from sandbox import NODE_IP, wait_for
+from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
+    wait_daemon_ready, workload
+
+from plugin.dra.checkpoint import ClaimCheckpoint
+from plugin.dra.sharing import SIMULATED_STATE_FILE
+from plugin.dra.slices import SliceOptions, device_table
+from plugin.sources.simulated import load_simulated
+
+pytestmark = pytest.mark.timeout(1800)
+
+DRIVER = "topo.dev"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, cluster_inputs):
+    node = Node.make(tmp_path_factory.mktemp("node"), simulate="dgx-h100")
+    numa, distances = node.numa_nodes()
+    for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
+        values = chart_values(
+            cluster_inputs["image"].ref, node,
+            dra={"resources": ["nvidia.com/gpu"]},
+            extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                      {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+        helm_upgrade(c, values)
+        wait_daemon_ready(c)
+        topology = load_simulated(str(node.node_file))
+        yield {"c": c, "node": node, "image": cluster_inputs["image"].ref,
+               "table": device_table(topology, SliceOptions(node_name=NODE))}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+def gpu_claim(name: str, interval: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.topo-device-plugin.io/v1alpha1", "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}}}],
+        }},
+    }
+
+
+def claim_pod(name: str, image: str, claim: str) -> dict[str, Any]:
+    pod = workload(name, image, {})
+    pod["metadata"]["namespace"] = NAMESPACE
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return pod
+
+
+def get_pod(c: Cluster, name: str) -> dict[str, Any]:
+    return c.get("pod", name, "-n", NAMESPACE)
+
+
+def wait_running(c: Cluster, name: str) -> dict[str, Any]:
+    def running():
+        p = get_pod(c, name)
+        return p if p.get("status", {}).get("phase") == "Running" else None
+    try:
+        return wait_for(f"pod {name} Running", running, 240)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+
+
+def report(c: Cluster, name: str) -> dict[str, Any] | None:
+    out = c.kubectl("logs", "-n", NAMESPACE, name, check=False).stdout
+    for line in out.splitlines():
+        if line.startswith(REPORT_MARK):
+            return json.loads(line[len(REPORT_MARK):])
+    return None
+
+
+def plugin_dir(c: Cluster) -> pathlib.Path:
+    return c.w.joinpath("var-lib-kubelet", "plugins", DRIVER)
+
+
+def prepared(c: Cluster) -> dict[str, Any]:
+    d = plugin_dir(c)
+    return ClaimCheckpoint(str(d / "checkpoint.json"), str(d / "serialize.lock"), DRIVER).load()
+
+
+def gpu_settings(c: Cluster) -> dict[str, Any]:
+    """The simulated GPU backend's settings file (UUID -> index, computeMode, timeslice)."""
+    path = plugin_dir(c) / SIMULATED_STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def claim_specs(c: Cluster) -> list[str]:
+    out = c.sb.sh("ls", "-1", "/var/run/cdi", check=False).stdout.split()
+    return sorted(n for n in out if n.startswith(f"{DRIVER}-claim_"))
+
+
+def driver_log_lines(c: Cluster, pattern: str) -> list[str]:
+    [daemon] = daemon_pods(c)
+    out = c.kubectl("logs", "-n", NAMESPACE, daemon["metadata"]["name"], check=False).stdout
+    return [line for line in out.splitlines() if re.search(pattern, line)]
+
+
+def pod_events(c: Cluster, name: str) -> list[str]:
+    items = c.get("events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [f"{e.get('reason')}: {e.get('message')}" for e in items]
+
+
+def delete_pod(c: Cluster, name: str) -> None:
+    c.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
+    wait_for(f"pod {name} gone", lambda: not c.get("pods", "-n", NAMESPACE, "--field-selector",
+                                                   f"metadata.name={name}")["items"], 240)
+
+
+# ---- the story -------------------------------------------------------------------------------------
+
+
+def test_a_time_sliced_claim_shared_by_two_pods_runs_both_on_one_gpu(installed):
+    c, image = installed["c"], installed["image"]
+    c.apply(gpu_claim("shared-gpu", "Short"))
+    for name in ("share-a", "share-b"):
+        c.apply(claim_pod(name, image, "shared-gpu"))
+    pods = {name: wait_running(c, name) for name in ("share-a", "share-b")}
+    claim = c.get("resourceclaim", "shared-gpu", "-n", NAMESPACE)
+    [res] = claim["status"]["allocation"]["devices"]["results"]
+    assert (res["driver"], res["pool"], res["request"]) == (DRIVER, NODE, "gpu")
+    gpu = res["device"]
+    uid = claim["metadata"]["uid"]
+    # Reserved for both pods; one allocation.
+    assert sorted(r["uid"] for r in claim["status"]["reservedFor"]) == sorted(
+        p["metadata"]["uid"] for p in pods.values())
+    # Prepared once: one checkpoint entry with the interval recorded on the GPU, one prepare by us.
+    entry = prepared(c)[uid]
+    assert [(d.device, d.timeslice) for d in entry.devices] == [(gpu, "Short")]
+    assert len(driver_log_lines(c, rf"\bprepared claim.*{uid}|{uid}.*\bprepared claim")) == 1
+    # The GPU's setting, as the simulated backend holds it.
+    dev = installed["table"][gpu]
+    assert gpu_settings(c) == {dev.uuid: {"index": dev.index, "computeMode": "Default", "timeslice": "Short"}}
+    # Both containers: the same GPU device node (same numbers) and env, with the interval.
+    key = gpu.replace("-", "_").upper()
+    reps = {n: wait_for(f"pod {n}'s report", lambda n=n: report(c, n), 60) for n in pods}
+    seen = []
+    for name, rep in reps.items():
+        nodes = {p: v for p, v in rep["devices"].items() if re.fullmatch(r"/dev/nvidia\d+", p)}
+        env = {k: v for k, v in rep["env"].items() if k.startswith("TOPO_DEV_")}
+        seen.append((nodes, env))
+    assert seen[0] == seen[1], seen
+    nodes, env = seen[0]
+    minor = dev.minor if dev.minor is not None else dev.index  # a simulated GPU's minor is its index
+    assert list(nodes) == [f"/dev/nvidia{minor}"]
+    assert env == {f"TOPO_DEV_{key}": dev.uuid, f"TOPO_DEV_{key}_TIMESLICE": "Short"}
+    installed.update(uid=uid, gpu=gpu)
+
+
+def test_a_bad_sharing_config_keeps_the_pod_from_starting_with_the_reason(installed):
+    c, image = installed["c"], installed["image"]
+    c.apply(gpu_claim("bad-gpu", "Fast"))
+    c.apply(claim_pod("bad", image, "bad-gpu"))
+
+    def refused():
+        msgs = [m for m in pod_events(c, "bad") if "timeSlicingConfig.interval" in m]
+        return msgs or None
+    try:
+        msgs = wait_for("the kubelet's event with our reason", refused, 180)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+    assert "'Fast' is not an interval" in msgs[0] and "Default, Short, Medium, Long" in msgs[0], msgs
+    p = get_pod(c, "bad")
+    assert p["status"]["phase"] == "Pending"
+    [cs] = p["status"].get("containerStatuses") or [{"state": {"waiting": {"reason": "ContainerCreating"}}}]
+    assert "running" not in cs["state"], cs
+    bad_uid = c.get("resourceclaim", "bad-gpu", "-n", NAMESPACE)["metadata"]["uid"]
+    assert bad_uid not in prepared(c)
+    assert f"{DRIVER}-claim_{bad_uid}.json" not in claim_specs(c)
+    # The shared GPU's setting is untouched by the refused claim.
+    assert [v["timeslice"] for v in gpu_settings(c).values()] == ["Short"]
+    delete_pod(c, "bad")
+
+
+def test_the_claim_is_unprepared_once_after_the_last_pod_is_gone(installed):
+    c = installed["c"]
+    uid = installed["uid"]
+    delete_pod(c, "share-a")
+    wait_for("share-a out of reservedFor", lambda: [r["name"] for r in c.get(
+        "resourceclaim", "shared-gpu", "-n", NAMESPACE)["status"].get("reservedFor", [])] == ["share-b"], 120)
+    # Still prepared for share-b, which keeps running on the time-sliced GPU.
+    assert uid in prepared(c)
+    assert f"{DRIVER}-claim_{uid}.json" in claim_specs(c)
+    assert get_pod(c, "share-b")["status"]["phase"] == "Running"
+    assert [v["timeslice"] for v in gpu_settings(c).values()] == ["Short"]
+    delete_pod(c, "share-b")
+    wait_for("the claim unprepared", lambda: uid not in prepared(c), 120)
+    assert f"{DRIVER}-claim_{uid}.json" not in claim_specs(c)
+    assert gpu_settings(c) == {}, "the GPU's time-slice goes back to Default with its last claim"
+    assert len(driver_log_lines(c, rf"unprepared claim.*{uid}|{uid}.*unprepared claim")) == 1
+
+
+def test_teardown_stops_everything_and_leaves_nothing(installed):
+    c = installed["c"]
+    for name in ("shared-gpu", "bad-gpu"):
+        c.kubectl("delete", "resourceclaim", "-n", NAMESPACE, name, "--wait=false", check=False)
+    down_and_check_nothing_left(c)
