@@ -50,6 +50,8 @@ class PreparedDevice:
     cdi_device_ids: tuple[str, ...] = ()
     #: The GPU's time-slice interval this claim asked for and got (plugin/dra/sharing.py); "" when none.
     timeslice: str = ""
+    #: The allocation's share ID when the claim holds a share of the device (consumable capacity); "" otherwise.
+    share_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ class PreparedClaim:
             devices=tuple(PreparedDevice(pool=str(x["pool"]), device=str(x["device"]),
                                          requests=tuple(x.get("requests", ())),
                                          cdi_device_ids=tuple(x.get("cdi_device_ids", ())),
-                                         timeslice=str(x.get("timeslice", "")))
+                                         timeslice=str(x.get("timeslice", "")),
+                                         share_id=str(x.get("share_id", "")))
                           for x in d.get("devices", ())),
         )
 
@@ -80,8 +83,11 @@ class PreparedClaim:
 def _device_json(x: PreparedDevice) -> dict[str, Any]:
     out: dict[str, Any] = {"pool": x.pool, "device": x.device, "requests": list(x.requests),
                            "cdi_device_ids": list(x.cdi_device_ids)}
-    if x.timeslice:  # only when set: files of claims without sharing stay as earlier releases wrote them
+    # Only when set: files of claims without sharing stay as earlier releases wrote them.
+    if x.timeslice:
         out["timeslice"] = x.timeslice
+    if x.share_id:
+        out["share_id"] = x.share_id
     return out
 
 

@@ -45,7 +45,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from allocator.topology import Device, NodeTopology
 
@@ -60,10 +60,19 @@ from .slices import SliceOptions, device_table
 log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], Awaitable[dict[str, Any]]]
-#: One claim's allocated devices: (slice device name, Device, request names).
+#: One claim's allocated devices: (slice device name, Device, request names); a device the claim holds several
+#: shares of (consumable capacity) appears once per share.
 Allocated = list[tuple[str, Device, list[str]]]
-#: A claim ready to be recorded: its devices and the time-slice each GPU asks for (plugin/dra/sharing.py).
-Planned = tuple[Allocated, dict[str, Interval]]
+
+
+class Planned(NamedTuple):
+    """A claim ready to be recorded."""
+
+    devices: Allocated
+    #: Per entry of `devices`: its share ID (consumable capacity, KEP-5075), "" for a whole device.
+    shares: list[str]
+    #: The time-slice each GPU asks for (plugin/dra/sharing.py).
+    timeslices: dict[str, Interval]
 
 
 @dataclass(frozen=True)
@@ -190,7 +199,7 @@ class ClaimPreparer:
                 ready: list[tuple[ClaimRef, Planned]]) -> dict[str, Outcome]:
         """Under the checkpoint lock: write the batch's CDI specs and record the batch (one file write)."""
         done: dict[str, Outcome] = {}
-        for ref, (allocated, wants) in ready:
+        for ref, (allocated, shares, wants) in ready:
             if ref.uid in claims:  # another call or instance prepared it meanwhile
                 done[ref.uid] = claims[ref.uid]
                 continue
@@ -205,8 +214,9 @@ class ClaimPreparer:
                     done[ref.uid] = PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}")
                     continue
             try:
-                ids = self.cdi.write_claim_spec(ref.uid, [(name, dev) for name, dev, _ in allocated],
-                                                device_settings(wants))
+                # One CDI device per device, however many shares of it the claim holds.
+                cdi_ids = dict(zip(devices, self.cdi.write_claim_spec(ref.uid, list(devices.items()),
+                                                                      device_settings(wants))))
             except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
                 done[ref.uid] = e
                 if wants:  # nothing records the setting just applied: undo it where no other claim holds one
@@ -215,9 +225,9 @@ class ClaimPreparer:
             claims[ref.uid] = done[ref.uid] = PreparedClaim(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name,
                 devices=tuple(PreparedDevice(pool=self.options.pool, device=name, requests=tuple(reqs),
-                                             cdi_device_ids=tuple(cdi),
-                                             timeslice=wants[name].value if name in wants else "")
-                              for (name, _, reqs), cdi in zip(allocated, ids)),
+                                             cdi_device_ids=tuple(cdi_ids[name]),
+                                             timeslice=wants[name].value if name in wants else "", share_id=share)
+                              for (name, _, reqs), share in zip(allocated, shares)),
             )
             log.info("prepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
                                               "devices": [name for name, _, _ in allocated]})
@@ -227,12 +237,12 @@ class ClaimPreparer:
                           table: dict[str, Device]) -> Planned | Exception:
         try:
             claim = await self._read(ref, reads)
-            allocated = self._allocated_devices(ref, claim, table)
+            allocated, shares = self._allocated_devices(ref, claim, table)
             try:
                 wants = self.sharing.wanted(claim, allocated)
             except SharingRefused as e:
                 raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
-            return allocated, wants
+            return Planned(allocated, shares, wants)
         except PrepareError as e:
             return e
         except Exception as e:  # noqa: BLE001 (one claim's surprise must not fail the others)
@@ -263,7 +273,9 @@ class ClaimPreparer:
                 raise PrepareError(f"reading {where}: "
                                    f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
 
-    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any], table: dict[str, Device]) -> Allocated:
+    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any],
+                           table: dict[str, Device]) -> tuple[Allocated, list[str]]:
+        """The claim's devices of our pool and, per entry, its share ID (see `Planned`)."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         uid = claim.get("metadata", {}).get("uid")
         if uid != ref.uid:
@@ -272,7 +284,7 @@ class ClaimPreparer:
         ours = [r for r in results if r.get("driver") == self.options.driver_name]
         if not ours:
             raise PrepareError(f"{where} has no devices allocated from driver {self.options.driver_name}")
-        out: dict[str, tuple[str, Device, list[str]]] = {}
+        out: dict[tuple[str, str], tuple[str, Device, list[str]]] = {}
         for r in ours:
             pool, name = r.get("pool"), r.get("device")
             if pool != self.options.pool:
@@ -284,10 +296,11 @@ class ClaimPreparer:
             if not dev.healthy:
                 raise PrepareError(f"{where}: device {name} ({dev.name}) is {dev.health}")
             request = str(r.get("request", "")).split("/", 1)[0]  # subrequests report their parent request
-            entry = out.setdefault(name, (name, dev, []))
+            share = str(r.get("shareID") or "")  # set when the device allows multiple allocations
+            entry = out.setdefault((name, share), (name, dev, []))
             if request and request not in entry[2]:
                 entry[2].append(request)
-        return list(out.values())
+        return list(out.values()), [share for _, share in out]
 
     # -- unprepare -----------------------------------------------------------------------------
     async def unprepare(self, ref: ClaimRef) -> None:
