@@ -33,7 +33,7 @@ def dra_factory(settings: Settings) -> DraFactory:
         from ..dra.kubeapi import KubeConfigError, in_cluster_api, kubeconfig_api
 
         try:
-            slices = SliceOptions(node_name=node, include=include)
+            slices = SliceOptions(node_name=node, include=include, shared_gpus=bool(v["dra_shared_gpus"]))
         except ValueError as e:
             raise InputError(f"NODE_NAME: {e} (fix: set it from fieldRef spec.nodeName)") from None
         try:

@@ -240,6 +240,10 @@ OPTIONS: tuple[Option, ...] = (
            "separated. Each device is served one way only (docs/dra.md).", kind="list", commands=SERVE,
            chart_managed=True, metavar="NAMES", target=Target.DRA, default_text="none (every resource through the device-plugin API)",
            schema_extra={"pattern": "^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"}),
+    Option("dra_shared_gpus", "Publish the GPUs served through DRA with allowMultipleAllocations, so several claims "
+           "can hold shares of one GPU's memory capacity (consumable capacity, KEP-5075; needs the "
+           "DRAConsumableCapacity gate, on by default since 1.36). A claim that asks for no memory still takes the "
+           "whole GPU (docs/dra.md).", kind="bool", default=False, commands=SERVE, target=Target.DRA),
     Option("sysfs_root", "Where sysfs is mounted (real hardware).", kind="path", default="/sys", target=D),
     Option("dev_root", "Where device nodes are (real hardware; Allocate answers name the nodes found here).",
            kind="path", default="/dev", target=D),

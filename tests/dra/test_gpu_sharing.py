@@ -279,3 +279,37 @@ async def test_a_failing_or_missing_nvidia_smi_fails_the_claim_with_the_reason(d
     assert recorded(roots) == {}
     assert not os.path.exists(os.path.join(roots[1], f"{DRIVER}-claim_{uid}.json"))
 
+
+
+# ---- consumable capacity: shares of one GPU ----------------------------------------------------------
+
+
+async def test_shares_of_a_gpu_are_prepared_with_their_share_ids_and_one_cdi_device(driver, roots, apiserver):
+    """Consumable capacity (KEP-5075): the scheduler gives each allocation of a GPU with
+    allowMultipleAllocations a share ID, which the kubelet expects back with the device."""
+    plugin = await driver()
+    share_a, share_b = "0f6f3f0e-6a4d-4d8e-9d7c-1a2b3c4d5e6f", "7c1d2e3f-4a5b-4c6d-8e7f-0a1b2c3d4e5f"
+    uid = apiserver.add_claim("team", "halves", [
+        {"request": "a", "driver": DRIVER, "pool": NODE, "device": "gpu-5", "shareID": share_a,
+         "consumedCapacity": {"memory": "40Gi"}},
+        {"request": "b", "driver": DRIVER, "pool": NODE, "device": "gpu-5", "shareID": share_b,
+         "consumedCapacity": {"memory": "40Gi"}}])
+    other = apiserver.add_claim("team", "other", [
+        {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-5", "shareID": share_a.replace("0f", "1f")}])
+    resp = await plugin.prepare(("team", uid, "halves"), ("team", other, "other"))
+    assert resp.claims[uid].error == "" and resp.claims[other].error == ""
+    got = [(d.device_name, list(d.request_names), d.share_id, list(d.cdi_device_ids)) for d in resp.claims[uid].devices]
+    cdi = f"{DRIVER}/claim={uid}-gpu-5"
+    assert got == [("gpu-5", ["a"], share_a, [cdi]), ("gpu-5", ["b"], share_b, [cdi])]
+    with open(os.path.join(roots[1], f"{DRIVER}-claim_{uid}.json"), encoding="utf-8") as f:
+        assert [d["name"] for d in json.load(f)["devices"]] == [f"{uid}-gpu-5"]
+    # Restart-safe: the answer comes back the same from the checkpoint.
+    plugin = await driver()
+    assert (await plugin.prepare(("team", uid, "halves"))).claims[uid] == resp.claims[uid]
+
+
+async def test_a_whole_device_has_no_share_id_in_the_answer(driver, roots, apiserver):
+    plugin = await driver()
+    uid = add_claim(apiserver, "whole", {"gpu": "gpu-0"}, [])
+    [dev] = (await plugin.prepare(("team", uid, "whole"))).claims[uid].devices
+    assert not dev.HasField("share_id")

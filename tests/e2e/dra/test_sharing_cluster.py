@@ -9,7 +9,11 @@ the chart serves the simulated DGX H100's GPUs through DRA. The story:
 - a claim whose config asks an interval that does not exist: its pod never starts, the kubelet's
   event carries our reason (field and fix), nothing is prepared;
 - deleting the first pod keeps the claim prepared for the second; deleting the second
-  unprepares it once: checkpoint entry, CDI spec and the GPU's setting are gone.
+  unprepares it once: checkpoint entry, CDI spec and the GPU's setting are gone;
+- consumable capacity (`draSharedGpus`: GPUs published with allowMultipleAllocations; the
+  DRAConsumableCapacity gate is on by default in 1.37): three claims each take 10Gi of one GPU's
+  memory. The GPU has one time-slice setting: the claims asking Long both run on it, the one
+  asking Short waits with our reason.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def installed(tmp_path_factory, cluster_inputs):
             dra={"resources": ["nvidia.com/gpu"]},
             extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
                       {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+        values["config"]["flags"]["draSharedGpus"] = True
         helm_upgrade(c, values)
         wait_daemon_ready(c)
         topology = load_simulated(str(node.node_file))
@@ -56,12 +61,18 @@ def installed(tmp_path_factory, cluster_inputs):
 # ---- helpers ---------------------------------------------------------------------------------------
 
 
-def gpu_claim(name: str, interval: str) -> dict[str, Any]:
+def gpu_claim(name: str, interval: str, gpu_index: int | None = None, memory: str | None = None) -> dict[str, Any]:
+    """A claim for one GPU with a time-slice; `gpu_index` pins the GPU, `memory` asks for a share of it."""
+    exactly: dict[str, Any] = {"deviceClassName": f"gpu.{DRIVER}"}
+    if gpu_index is not None:
+        exactly["selectors"] = [{"cel": {"expression": f'device.attributes["{DRIVER}"].index == {gpu_index}'}}]
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}],
+            "requests": [{"name": "gpu", "exactly": exactly}],
             "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
                 "apiVersion": "gpu.topo-device-plugin.io/v1alpha1", "kind": "GpuConfig",
                 "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}}}],
@@ -219,8 +230,56 @@ def test_the_claim_is_unprepared_once_after_the_last_pod_is_gone(installed):
     assert len(driver_log_lines(c, rf"unprepared claim.*{uid}|{uid}.*unprepared claim")) == 1
 
 
+SHARES = {"long-a": "Long", "short": "Short", "long-b": "Long"}
+
+
+def test_shares_of_one_gpu_by_consumable_capacity_hold_one_time_slice_setting(installed):
+    c, image = installed["c"], installed["image"]
+    for name, interval in SHARES.items():
+        c.apply(gpu_claim(f"share-{name}", interval, gpu_index=7, memory="10Gi"))
+    # The first holder decides the GPU's setting: start it alone.
+    c.apply(claim_pod("long-a", image, "share-long-a"))
+    wait_running(c, "long-a")
+    for name in ("short", "long-b"):
+        c.apply(claim_pod(name, image, f"share-{name}"))
+    wait_running(c, "long-b")
+    claims = {n: c.get("resourceclaim", f"share-{n}", "-n", NAMESPACE) for n in SHARES}
+    results = {n: cl["status"]["allocation"]["devices"]["results"] for n, cl in claims.items()}
+    assert {r["device"] for rs in results.values() for r in rs} == {"gpu-7"}
+    shares = [r.get("shareID") for rs in results.values() for r in rs]
+    assert all(shares) and len(set(shares)) == 3, shares
+    assert all(r["consumedCapacity"] == {"memory": "10Gi"} for rs in results.values() for r in rs)
+
+    def refused():
+        msgs = [m for m in pod_events(c, "short") if "a GPU has one time-slice setting" in m]
+        return msgs or None
+    try:
+        [msg, *_] = wait_for("the Short share refused with our reason", refused, 180)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+    assert "gpu-7 (GPU7) is time-sliced with interval Long for claim topo-system/share-long-" in msg, msg
+    assert "this claim asks Short (fix: ask Long" in msg, msg
+    assert get_pod(c, "short")["status"]["phase"] == "Pending"
+    # The two Long shares: one checkpoint entry each, with their share IDs; both containers on GPU 7.
+    table = prepared(c)
+    for n in ("long-a", "long-b"):
+        [d] = table[claims[n]["metadata"]["uid"]].devices
+        [r] = results[n]
+        assert (d.device, d.timeslice, d.share_id) == ("gpu-7", "Long", r["shareID"])
+        rep = wait_for(f"pod {n}'s report", lambda n=n: report(c, n), 60)
+        assert [p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)] == ["/dev/nvidia7"]
+        assert rep["env"]["TOPO_DEV_GPU_7_TIMESLICE"] == "Long"
+    assert claims["short"]["metadata"]["uid"] not in table
+    assert [(v["index"], v["timeslice"]) for v in gpu_settings(c).values()] == [(7, "Long")]
+    for n in SHARES:
+        delete_pod(c, n)
+    wait_for("the shares unprepared", lambda: not set(prepared(c)) & {cl["metadata"]["uid"]
+                                                                      for cl in claims.values()}, 120)
+    assert gpu_settings(c) == {}
+
+
 def test_teardown_stops_everything_and_leaves_nothing(installed):
     c = installed["c"]
-    for name in ("shared-gpu", "bad-gpu"):
+    for name in ("shared-gpu", "bad-gpu", *(f"share-{n}" for n in SHARES)):
         c.kubectl("delete", "resourceclaim", "-n", NAMESPACE, name, "--wait=false", check=False)
     down_and_check_nothing_left(c)
