@@ -53,8 +53,8 @@ from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from .gpu_config import Interval
 from .kubeapi import KubeApiUnreachable
-from .sharing import GpuSharing, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, device_settings, \
-    holders_of, state_path
+from .sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
+    device_settings, state_path
 from .slices import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,7 @@ class ClaimPreparer:
                 ready: list[tuple[ClaimRef, Planned]]) -> dict[str, Outcome]:
         """Under the checkpoint lock: write the batch's CDI specs and record the batch (one file write)."""
         done: dict[str, Outcome] = {}
+        holders: Holders | None = None  # who holds a time-slice on which GPU: built once per batch, when needed
         for ref, (allocated, shares, wants) in ready:
             if ref.uid in claims:  # another call or instance prepared it meanwhile
                 done[ref.uid] = claims[ref.uid]
@@ -208,8 +209,9 @@ class ClaimPreparer:
                 continue
             devices = {name: dev for name, dev, _ in allocated}
             if wants:  # one time-slice setting per GPU: checked against every prepared claim, then applied
+                holders = Holders.of(claims) if holders is None else holders
                 try:
-                    self.sharing.admit(ref.uid, wants, devices, holders_of(claims))
+                    self.sharing.admit(ref.uid, wants, devices, holders)
                 except (SharingRefused, TimeSliceApplyError) as e:
                     done[ref.uid] = PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}")
                     continue
@@ -219,8 +221,8 @@ class ClaimPreparer:
                                                                       device_settings(wants))))
             except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
                 done[ref.uid] = e
-                if wants:  # nothing records the setting just applied: undo it where no other claim holds one
-                    self.sharing.release({n: devices[n] for n in wants}, holders_of(claims))
+                if wants and holders is not None:  # nothing records the setting just applied: undo it where no
+                    self.sharing.release({n: devices[n] for n in wants}, holders)  # other claim holds one
                 continue
             claims[ref.uid] = done[ref.uid] = PreparedClaim(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name,
@@ -229,6 +231,8 @@ class ClaimPreparer:
                                              timeslice=wants[name].value if name in wants else "", share_id=share)
                               for (name, _, reqs), share in zip(allocated, shares)),
             )
+            if wants and holders is not None:
+                holders.add(claims[ref.uid])
             log.info("prepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
                                               "devices": [name for name, _, _ in allocated]})
         return done
@@ -323,6 +327,7 @@ class ClaimPreparer:
     def _drop(self, claims: dict[str, PreparedClaim], batch: Sequence[ClaimRef]) -> dict[str, Exception | None]:
         out: dict[str, Exception | None] = {}
         table: dict[str, Device] | None = None
+        holders: Holders | None = None
         for ref in batch:
             try:
                 # Also when unknown: a crash between writing the CDI spec and the checkpoint leaves a spec behind.
@@ -336,7 +341,11 @@ class ClaimPreparer:
                 shared = [d.device for d in gone.devices if d.timeslice]
                 if shared:  # GPUs it had time-sliced go back to Default once no prepared claim holds a setting
                     table = table if table is not None else device_table(self.topology(), self.options)
-                    self.sharing.release({n: table[n] for n in shared if n in table}, holders_of(claims))
+                    if holders is None:
+                        holders = Holders.of(claims)
+                    else:
+                        holders.drop(ref.uid)
+                    self.sharing.release({n: table[n] for n in shared if n in table}, holders)
             out[ref.uid] = None
         return out
 

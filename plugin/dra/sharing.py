@@ -224,11 +224,29 @@ class GpuSharing:
                             extra={"device": name, "gpu": dev.name, "reason": str(e)})
 
 
-def holders_of(claims: Mapping[str, Any]) -> dict[str, list[Holder]]:
-    """{slice device name: holders} from the checkpoint's prepared claims (`PreparedClaim`s)."""
-    out: dict[str, list[Holder]] = {}
-    for c in claims.values():
-        for d in c.devices:
+class Holders(dict[str, list[Holder]]):
+    """{slice device name: the prepared claims holding a time-slice setting for it}.
+
+    Built from the checkpoint once per batch and kept current as the batch records or drops claims,
+    so a call of many claims costs one pass over the checkpoint, not one per claim.
+    """
+
+    @classmethod
+    def of(cls, claims: Mapping[str, Any]) -> Holders:
+        out = cls()
+        for c in claims.values():
+            out.add(c)
+        return out
+
+    def add(self, claim: Any) -> None:
+        """Record the settings of a `PreparedClaim`."""
+        for d in claim.devices:
             if d.timeslice:
-                out.setdefault(d.device, []).append(Holder(f"{c.namespace}/{c.name}", c.uid, Interval(d.timeslice)))
-    return out
+                self.setdefault(d.device, []).append(
+                    Holder(f"{claim.namespace}/{claim.name}", claim.uid, Interval(d.timeslice)))
+
+    def drop(self, uid: str) -> None:
+        for name in list(self):
+            self[name] = [h for h in self[name] if h.uid != uid]
+            if not self[name]:
+                del self[name]

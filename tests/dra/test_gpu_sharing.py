@@ -19,6 +19,7 @@ import pytest
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.claim_config import OpaqueConfig, configs_for, opaque_configs
 from plugin.dra.gpu_config import API_VERSION, NVIDIA_API_VERSION, GpuConfigError, Interval, parse_gpu_config
 from plugin.dra.sharing import SIMULATED_STATE_FILE
@@ -109,10 +110,10 @@ def roots():
 async def driver(roots, kube_api, dgx_h100):
     started: list[DraDriver] = []
 
-    async def start(real_gpus: bool = False):
+    async def start(real_gpus: bool = False, cdi=None):
         opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=roots[0],
                           cdi_root=roots[1], instance_id=f"pod-{len(started)}", resync_s=3600, real_gpus=real_gpus)
-        drv = DraDriver(opts, kube_api)
+        drv = DraDriver(opts, kube_api, cdi=cdi)
         await drv.start(dgx_h100)
         started.append(drv)
         return await register(registration_sockets(roots[0])[-1])
@@ -225,6 +226,17 @@ async def test_a_gpu_has_one_setting_another_interval_is_refused_the_same_one_sh
     # Nobody holds it now: Long is granted.
     assert (await plugin.prepare(("team", long_, "long"))).claims[long_].error == ""
     assert settings(roots) == {4: "Long"}
+
+
+async def test_a_claim_whose_spec_cannot_be_written_leaves_its_gpu_at_default(driver, roots, apiserver):
+    class FullDisk(ClaimSpecs):
+        def write_claim_spec(self, claim_uid, devices, settings=None):
+            raise OSError(28, "No space left on device")
+
+    plugin = await driver(cdi=FullDisk(roots[1], DRIVER))
+    uid = add_claim(apiserver, "full", {"gpu": "gpu-3"}, [entry(gpu_config("Long"))])
+    assert "No space left on device" in (await plugin.prepare(("team", uid, "full"))).claims[uid].error
+    assert settings(roots) == {} and recorded(roots) == {}
 
 
 async def test_the_setting_and_its_holders_survive_a_driver_restart(driver, roots, apiserver):

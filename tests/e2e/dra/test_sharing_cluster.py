@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import time
 from typing import Any
 
 import pytest
@@ -141,6 +142,12 @@ def pod_events(c: Cluster, name: str) -> list[str]:
     return [f"{e.get('reason')}: {e.get('message')}" for e in items]
 
 
+def feature_gates(metrics: str) -> dict[str, tuple[str, bool]]:
+    """{gate: (stage, enabled)} from a component's kubernetes_feature_enabled metric."""
+    return {m.group(1): (m.group(2), m.group(3) == "1") for m in re.finditer(
+        r'^kubernetes_feature_enabled\{name="(\w+)",stage="(\w*)"\} (\d)', metrics, re.M)}
+
+
 def delete_pod(c: Cluster, name: str) -> None:
     c.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
     wait_for(f"pod {name} gone", lambda: not c.get("pods", "-n", NAMESPACE, "--field-selector",
@@ -153,9 +160,11 @@ def delete_pod(c: Cluster, name: str) -> None:
 def test_a_time_sliced_claim_shared_by_two_pods_runs_both_on_one_gpu(installed):
     c, image = installed["c"], installed["image"]
     c.apply(gpu_claim("shared-gpu", "Short"))
+    t0 = time.monotonic()
     for name in ("share-a", "share-b"):
         c.apply(claim_pod(name, image, "shared-gpu"))
     pods = {name: wait_running(c, name) for name in ("share-a", "share-b")}
+    print(f"\ntwo pods of one time-sliced claim Running {time.monotonic() - t0:.1f} s after creation")
     claim = c.get("resourceclaim", "shared-gpu", "-n", NAMESPACE)
     [res] = claim["status"]["allocation"]["devices"]["results"]
     assert (res["driver"], res["pool"], res["request"]) == (DRIVER, NODE, "gpu")
@@ -223,8 +232,10 @@ def test_the_claim_is_unprepared_once_after_the_last_pod_is_gone(installed):
     assert f"{DRIVER}-claim_{uid}.json" in claim_specs(c)
     assert get_pod(c, "share-b")["status"]["phase"] == "Running"
     assert [v["timeslice"] for v in gpu_settings(c).values()] == ["Short"]
+    t0 = time.monotonic()
     delete_pod(c, "share-b")
     wait_for("the claim unprepared", lambda: uid not in prepared(c), 120)
+    print(f"\nlast pod deleted -> claim unprepared and the GPU back to Default: {time.monotonic() - t0:.1f} s")
     assert f"{DRIVER}-claim_{uid}.json" not in claim_specs(c)
     assert gpu_settings(c) == {}, "the GPU's time-slice goes back to Default with its last claim"
     assert len(driver_log_lines(c, rf"unprepared claim.*{uid}|{uid}.*unprepared claim")) == 1
@@ -235,6 +246,13 @@ SHARES = {"long-a": "Long", "short": "Short", "long-b": "Long"}
 
 def test_shares_of_one_gpu_by_consumable_capacity_hold_one_time_slice_setting(installed):
     c, image = installed["c"], installed["image"]
+    # The gate is on by 1.37's defaults (nothing in the test cluster sets it), and the API server kept the field.
+    assert feature_gates(c.kubectl("get", "--raw", "/metrics").stdout).get("DRAConsumableCapacity") == ("BETA", True)
+    assert feature_gates(c.kubectl("get", "--raw", f"/api/v1/nodes/{NODE}/proxy/metrics").stdout).get(
+        "DRAConsumableCapacity") == ("BETA", True)
+    gpus = [d for s in c.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER
+            for d in s["spec"].get("devices", []) if d["name"].startswith("gpu-")]
+    assert len(gpus) == 8 and all(d.get("allowMultipleAllocations") is True for d in gpus), gpus[:1]
     for name, interval in SHARES.items():
         c.apply(gpu_claim(f"share-{name}", interval, gpu_index=7, memory="10Gi"))
     # The first holder decides the GPU's setting: start it alone.
