@@ -132,10 +132,12 @@ def gpu_configs(configs: Sequence[OpaqueConfig]) -> list[tuple[OpaqueConfig, Gpu
     return out
 
 
-def config_for_request(parsed: Sequence[tuple[OpaqueConfig, GpuConfig]], request: str) -> GpuConfig | None:
-    """The GpuConfig that decides for a request: the one of highest precedence that applies to it."""
+def config_for_request(parsed: Sequence[tuple[OpaqueConfig, GpuConfig]],
+                       request: str) -> tuple[OpaqueConfig, GpuConfig] | None:
+    """The GpuConfig that decides for a request (`<request>` or `<request>/<subrequest>`), with its entry:
+    the one of highest precedence that applies to it."""
     applicable = configs_for([c for c, _ in parsed], request)
     if not applicable:
         return None
     by_entry = {id(c): g for c, g in parsed}
-    return by_entry[id(applicable[-1])]
+    return applicable[-1], by_entry[id(applicable[-1])]

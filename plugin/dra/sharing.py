@@ -169,15 +169,22 @@ class GpuSharing:
             raise SharingRefused(str(e)) from None
         if not parsed:
             return {}
+        # The results' own request names: a subrequest of a prioritized list (`gpu/fast`) may have a config of
+        # its own, which the parent names `allocated` carries could not find.
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+        full: dict[str, list[str]] = {}
+        for r in results:
+            if r.get("driver") == self.driver:
+                full.setdefault(str(r.get("device")), []).append(str(r.get("request", "")))
         out: dict[str, Interval] = {}
         for name, dev, requests in allocated:
-            for request in requests or [""]:
-                cfg = config_for_request(parsed, request)
-                if cfg is None or cfg.timeslice is None:
+            for request in full.get(name) or requests or [""]:
+                found = config_for_request(parsed, request)
+                if found is None or found[1].timeslice is None:
                     continue
+                entry, cfg = found
                 if dev.kind is not DeviceKind.GPU:
-                    named = any(request in c.requests or request.split("/", 1)[0] in c.requests for c, _ in parsed)
-                    if named:
+                    if entry.requests:  # it names this request: a mistake worth saying
                         raise SharingRefused(
                             f"{cfg.where}: GpuConfig applies to request {request!r}, which got {name} "
                             f"({dev.kind.value}), not a full GPU (fix: list only GPU requests in its requests)")

@@ -193,6 +193,16 @@ async def test_a_bad_config_fails_the_claim_alone_and_prepares_nothing(driver, r
     assert settings(roots) == {1: "Long"}
 
 
+async def test_a_subrequest_of_a_prioritized_list_gets_its_own_config(driver, roots, apiserver):
+    """firstAvailable: the result says which subrequest was chosen; a config may name it alone."""
+    plugin = await driver()
+    uid = add_claim(apiserver, "either", {"gpu/h100": "gpu-6"},
+                    [entry(gpu_config("Medium"), requests=["gpu/h100"]), entry(gpu_config("Long"), requests=["gpu/a100"])])
+    resp = await plugin.prepare(("team", uid, "either"))
+    assert [list(d.request_names) for d in resp.claims[uid].devices] == [["gpu"]]  # the parent, for the kubelet
+    assert settings(roots) == {6: "Medium"}
+
+
 async def test_a_config_naming_a_nic_request_is_refused(driver, roots, apiserver):
     plugin = await driver()
     uid = add_claim(apiserver, "nic", {"gpu": "gpu-0", "nic": "nic-mlx5-0"},
