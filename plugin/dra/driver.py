@@ -146,9 +146,15 @@ class DraDriver:
                                               "endpoint": self.paths.service_socket})
 
     def _sharing(self) -> GpuSharing:
-        backend = (NvidiaSmiTimeSlice() if self.options.real_gpus
-                   else SimulatedTimeSlice(state_path(self.paths.checkpoint)))
-        return GpuSharing(self.options.driver_name, backend)
+        if not self.options.real_gpus:
+            return GpuSharing(self.options.driver_name, SimulatedTimeSlice(state_path(self.paths.checkpoint)))
+        from ..sources.nvml_gpus import DiscoveryError, import_nvml  # noqa: PLC0415 (real GPUs only)
+
+        try:
+            nvml = import_nvml()  # for the compute-mode check before a time-slice is set
+        except DiscoveryError:
+            nvml = None
+        return GpuSharing(self.options.driver_name, NvidiaSmiTimeSlice(nvml=nvml))
 
     def _remove_orphan_specs(self, claims: dict[str, Any]) -> list[str]:
         """Specs left by a crash between writing a claim's spec and recording it (under the checkpoint lock,

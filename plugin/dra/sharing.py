@@ -23,9 +23,10 @@ How a setting reaches the GPU (`TimeSliceBackend`):
   -i <UUID> --set-timeslice=<0..3>` is the driver's one interface for it, and is
   what NVIDIA's DRA driver runs too. It needs nvidia-smi in the daemon's
   container and root on the node (the chart's DaemonSet is privileged).
-  Unlike NVIDIA's driver we do not force the compute mode to DEFAULT: we run no
-  MPS, so nothing of ours ever changes it, and an operator's
-  EXCLUSIVE_PROCESS stays theirs (docs/dra.md says so).
+  NVML's part is the compute mode: it is read (`nvmlDeviceGetComputeMode`) and a
+  GPU not in DEFAULT refuses the time-slice, naming the mode and the fix. Unlike
+  NVIDIA's driver we do not force it to DEFAULT: we run no MPS, so nothing of
+  ours ever changes it, and an operator's EXCLUSIVE_PROCESS stays theirs.
 
 Containers see the setting through the claim's CDI spec:
 `TOPO_DEV_<DEVICE>_TIMESLICE=<interval>` beside the device's UUID variable.
@@ -101,17 +102,59 @@ class SimulatedTimeSlice:
                                           "plugin directory writable)") from None
 
 
-class NvidiaSmiTimeSlice:
-    """Real GPUs: `nvidia-smi compute-policy -i <UUID> --set-timeslice=<code>` (see the module docstring)."""
+#: NVML's compute modes by value (nvmlComputeMode_t), for messages.
+COMPUTE_MODES = {0: "DEFAULT", 1: "EXCLUSIVE_THREAD", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
 
-    def __init__(self, nvidia_smi: str = "nvidia-smi", timeout_s: float = 30.0):
+
+class NvidiaSmiTimeSlice:
+    """Real GPUs: `nvidia-smi compute-policy -i <UUID> --set-timeslice=<code>` (see the module docstring).
+
+    With `nvml` (the pynvml module) a GPU's compute mode is read first: time-slicing between the
+    containers of several pods needs DEFAULT, and a GPU an operator set to EXCLUSIVE_PROCESS (one
+    process at a time) or PROHIBITED (none) would let the claim's second pod fail at its first CUDA
+    call, far from the cause. Such a claim is refused at prepare, naming the mode and the fix; the
+    mode itself is the operator's and is never changed here. An NVML that cannot answer (not
+    started, GPU not found, call not supported) skips the check.
+    """
+
+    def __init__(self, nvidia_smi: str = "nvidia-smi", timeout_s: float = 30.0, nvml: Any | None = None):
         self.nvidia_smi = nvidia_smi
         self.timeout_s = timeout_s
+        self.nvml = nvml
+
+    def compute_mode(self, gpu: Device) -> int | None:
+        """The GPU's NVML compute mode; None when NVML cannot tell."""
+        nv = self.nvml
+        if nv is None:
+            return None
+        try:
+            nv.nvmlInit()
+        except Exception as e:  # noqa: BLE001 (no NVML: no check, nvidia-smi will say what is wrong)
+            log.debug("NVML did not start; compute mode not checked", extra={"reason": str(e)})
+            return None
+        try:
+            return int(nv.nvmlDeviceGetComputeMode(nv.nvmlDeviceGetHandleByUUID(gpu.uuid)))
+        except Exception as e:  # noqa: BLE001
+            log.debug("compute mode not checked", extra={"gpu": gpu.name, "reason": str(e)})
+            return None
+        finally:
+            try:
+                nv.nvmlShutdown()
+            except Exception:  # noqa: BLE001 (nothing to undo)
+                pass
 
     def command(self, gpu: Device, interval: Interval) -> list[str]:
         return [self.nvidia_smi, "compute-policy", "-i", gpu.uuid, f"--set-timeslice={interval.code}"]
 
     def apply(self, gpu: Device, interval: Interval) -> None:
+        if interval is not Interval.DEFAULT:
+            mode = self.compute_mode(gpu)
+            if mode is not None and mode != 0:
+                raise TimeSliceApplyError(
+                    f"{gpu.name} is in compute mode {COMPUTE_MODES.get(mode, mode)}, which lets "
+                    f"{'no process' if mode == 2 else 'one process at a time'} use it: the claim's containers "
+                    f"cannot take turns on it (fix: nvidia-smi -i {gpu.uuid} -c DEFAULT on the node, or a GPU "
+                    "in DEFAULT mode)")
         exe = shutil.which(self.nvidia_smi)
         if exe is None:
             raise TimeSliceApplyError(

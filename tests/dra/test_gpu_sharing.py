@@ -14,8 +14,11 @@ import os
 import shutil
 import stat
 import tempfile
+from dataclasses import replace
 
 import pytest
+from topo_testkit.fake_nvml import FakeNvml
+from topo_testkit.with_fake_nvml import installed
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
@@ -285,6 +288,32 @@ async def test_real_gpus_are_set_with_nvidia_smi_compute_policy(driver, roots, a
         calls = f.read().splitlines()
     assert calls == [f"compute-policy -i {uuid} --set-timeslice=2", f"compute-policy -i {uuid} --set-timeslice=0"]
     assert settings(roots) == {}, "real GPUs keep no simulated file"
+
+
+async def test_a_gpu_not_in_default_compute_mode_refuses_a_time_slice(driver, roots, apiserver, dgx_h100, monkeypatch):
+    """NVML's part on real GPUs: the compute mode is read; EXCLUSIVE_PROCESS (an operator's choice) is kept
+    and the claim is refused with the fix, instead of its second pod failing at its first CUDA call."""
+    table = device_table(dgx_h100, SliceOptions(node_name=NODE))
+    by_name = {d.name: d for d in table.values()}
+    gpus = replace(dgx_h100, devices=tuple(by_name.get(d.name, d) for d in dgx_h100.devices))
+    fake = FakeNvml(gpus.without(d.name for d in gpus.nics))
+    fake.gpus[1].compute_mode = 3  # EXCLUSIVE_PROCESS
+    bin_dir = os.path.join(roots[2], "bin")
+    os.makedirs(bin_dir)
+    fake_nvidia_smi(bin_dir)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with installed(fake):
+        plugin = await driver(real_gpus=True)
+    excl = add_claim(apiserver, "excl", {"gpu": "gpu-1"}, [entry(gpu_config("Short"))])
+    err = (await plugin.prepare(("team", excl, "excl"))).claims[excl].error
+    assert err == (f"ResourceClaim team/excl: GPU1 is in compute mode EXCLUSIVE_PROCESS, which lets one process at "
+                   "a time use it: the claim's containers cannot take turns on it (fix: nvidia-smi -i "
+                   f"{table['gpu-1'].uuid} -c DEFAULT on the node, or a GPU in DEFAULT mode)")
+    ok = add_claim(apiserver, "ok", {"gpu": "gpu-2"}, [entry(gpu_config("Short"))])
+    assert (await plugin.prepare(("team", ok, "ok"))).claims[ok].error == ""
+    with open(os.path.join(bin_dir, "calls.log"), encoding="utf-8") as f:
+        assert f.read().splitlines() == [f"compute-policy -i {table['gpu-2'].uuid} --set-timeslice=1"]
+    assert fake.calls["nvmlDeviceGetComputeMode"] == 2 and fake.init_count == 0
 
 
 async def test_a_failing_or_missing_nvidia_smi_fails_the_claim_with_the_reason(driver, roots, apiserver, monkeypatch):
