@@ -5,10 +5,11 @@ The specs are built and written by the product's one CDI layer (`plugin.model.cd
 would inject for it, and `CdiSpecWriter` writes atomically (temporary file,
 fsync, rename, directory fsync). Two calls are all the driver needs:
 
-- `write_claim_spec(claim_uid, devices)` writes (or atomically replaces) one
-  spec file for the claim and returns, per device and in the same order, the
-  fully qualified CDI device IDs (`vendor/class=name`) the container runtime
-  must inject;
+- `write_claim_spec(claim_uid, devices, settings)` writes (or atomically
+  replaces) one spec file for the claim and returns, per device and in the same
+  order, the fully qualified CDI device IDs (`vendor/class=name`) the container
+  runtime must inject; `settings` adds env for what prepare set on a device
+  (`TOPO_DEV_GPU_0_TIMESLICE=Short`, plugin/dra/sharing.py);
 - `remove_claim_spec(claim_uid)` removes it; removing one that is not there
   is not an error (unprepare must be idempotent).
 

@@ -364,3 +364,15 @@ async def test_a_whole_device_has_no_share_id_in_the_answer(driver, roots, apise
     uid = add_claim(apiserver, "whole", {"gpu": "gpu-0"}, [])
     [dev] = (await plugin.prepare(("team", uid, "whole"))).claims[uid].devices
     assert not dev.HasField("share_id")
+
+
+async def test_two_shares_of_one_gpu_in_one_claim_cannot_ask_two_intervals(driver, roots, apiserver):
+    plugin = await driver()
+    uid = apiserver.add_claim("team", "torn", [
+        {"request": r, "driver": DRIVER, "pool": NODE, "device": "gpu-5", "shareID": share}
+        for r, share in (("a", "0f6f3f0e-6a4d-4d8e-9d7c-1a2b3c4d5e6f"), ("b", "7c1d2e3f-4a5b-4c6d-8e7f-0a1b2c3d4e5f"))])
+    apiserver.claims[("team", "torn")]["status"]["allocation"]["devices"]["config"] = [
+        entry(gpu_config("Short"), requests=["a"]), entry(gpu_config("Long"), requests=["b"])]
+    err = (await plugin.prepare(("team", uid, "torn"))).claims[uid].error
+    assert "gpu-5 gets interval Long through request 'b' and Short through another request of the claim" in err, err
+    assert "(fix: one interval per GPU)" in err and settings(roots) == {} and recorded(roots) == {}
