@@ -255,8 +255,15 @@ class GpuSharing:
                     f"(fix: ask {h.interval.value}, or wait until {h.claim} is gone)")
             if not others:
                 todo.append(name)
+        done: list[str] = []
         for name in todo:
-            self.backend.apply(devices[name], wanted[name])
+            try:
+                self.backend.apply(devices[name], wanted[name])
+            except Exception:
+                # The claim fails whole: GPUs it already set go back, so nothing unrecorded stays behind.
+                self.release({n: devices[n] for n in done}, holders)
+                raise
+            done.append(name)
             log.info("GPU time-slice set", extra={"device": name, "gpu": devices[name].name,
                                                   "interval": wanted[name].value})
 

@@ -376,3 +376,25 @@ async def test_two_shares_of_one_gpu_in_one_claim_cannot_ask_two_intervals(drive
     err = (await plugin.prepare(("team", uid, "torn"))).claims[uid].error
     assert "gpu-5 gets interval Long through request 'b' and Short through another request of the claim" in err, err
     assert "(fix: one interval per GPU)" in err and settings(roots) == {} and recorded(roots) == {}
+
+
+async def test_a_claim_whose_second_gpu_cannot_be_set_puts_the_first_back(driver, roots, apiserver, dgx_h100,
+                                                                           monkeypatch):
+    table = device_table(dgx_h100, SliceOptions(node_name=NODE))
+    u1, u2 = table["gpu-1"].uuid, table["gpu-2"].uuid
+    bin_dir = os.path.join(roots[2], "bin")
+    os.makedirs(bin_dir)
+    with open(os.path.join(bin_dir, "nvidia-smi"), "w", encoding="utf-8") as f:
+        f.write(f'#!/bin/sh\necho "$@" >> "{bin_dir}/calls.log"\n'
+                f'case "$*" in *{u2}*) echo "GPU is lost" >&2; exit 15;; esac\n')
+    os.chmod(os.path.join(bin_dir, "nvidia-smi"), 0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    plugin = await driver(real_gpus=True)
+    uid = add_claim(apiserver, "two", {"a": "gpu-1", "b": "gpu-2"}, [entry(gpu_config("Long"))])
+    err = (await plugin.prepare(("team", uid, "two"))).claims[uid].error
+    assert "failed (exit 15): GPU is lost" in err, err
+    with open(os.path.join(bin_dir, "calls.log"), encoding="utf-8") as f:
+        assert f.read().splitlines() == [f"compute-policy -i {u1} --set-timeslice=3",
+                                         f"compute-policy -i {u2} --set-timeslice=3",
+                                         f"compute-policy -i {u1} --set-timeslice=0"]
+    assert recorded(roots) == {}
