@@ -38,7 +38,8 @@ def dra_factory(settings: Settings) -> DraFactory:
 
         mig, backend, caps = dra_mig(settings)
         try:
-            slices = SliceOptions(node_name=node, include=include, mig=mig)
+            slices = SliceOptions(node_name=node, include=include, mig=mig,
+                                  shared_gpus=bool(v["dra_shared_gpus"]))
         except ValueError as e:
             raise InputError(f"NODE_NAME: {e} (fix: set it from fieldRef spec.nodeName)") from None
         try:
@@ -51,7 +52,7 @@ def dra_factory(settings: Settings) -> DraFactory:
                                  "account token, or set KUBECONFIG)") from None
         return DraDriver(DraOptions(slices, kubelet_root=v["kubelet_root_dir"], cdi_root=v["cdi_spec_dir"],
                                     instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"],
-                                    mig_backend=backend, mig_caps=caps),
+                                    mig_backend=backend, mig_caps=caps, real_gpus=not v["simulate"]),
                          api, owns_api=True)
 
     return make

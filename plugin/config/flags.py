@@ -249,6 +249,10 @@ OPTIONS: tuple[Option, ...] = (
            "every GPU in MIG mode that has a profile table (80 GB A100/H100).", kind="list", commands=SERVE,
            metavar="INDEXES", target=Target.DRA, default_text="every GPU in MIG mode",
            schema_extra={"pattern": "^[0-9]+$"}),
+    Option("dra_shared_gpus", "Publish the GPUs served through DRA with allowMultipleAllocations, so several claims "
+           "can hold shares of one GPU's memory capacity (consumable capacity, KEP-5075; needs the "
+           "DRAConsumableCapacity gate, on by default since 1.36). A claim that asks for no memory still takes the "
+           "whole GPU (docs/dra.md).", kind="bool", default=False, commands=SERVE, target=Target.DRA),
     Option("sysfs_root", "Where sysfs is mounted (real hardware).", kind="path", default="/sys", target=D),
     Option("dev_root", "Where device nodes are (real hardware; Allocate answers name the nodes found here).",
            kind="path", default="/dev", target=D),

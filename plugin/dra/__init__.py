@@ -10,6 +10,9 @@ Modules, one job each:
   watcher's Registration service; `prepare`: what NodePrepare/UnprepareResources do;
 - `checkpoint`: prepared claims on disk (atomic, flock-serialised); `cdi`: the CDI
   interface the driver needs and a minimal writer; `paths`: the socket layout;
+- `claim_config`: the allocation's opaque configs for our driver, per request;
+  `gpu_config`: the `GpuConfig` kind (time-slicing); `sharing`: one time-slice
+  setting per GPU, applied through a simulated file or nvidia-smi;
 - `driver`: composes them for one node (`DraDriver`, `DraOptions`).
 """
 

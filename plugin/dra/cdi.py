@@ -5,10 +5,11 @@ The specs are built and written by the product's one CDI layer (`plugin.model.cd
 would inject for it, and `CdiSpecWriter` writes atomically (temporary file,
 fsync, rename, directory fsync). Two calls are all the driver needs:
 
-- `write_claim_spec(claim_uid, devices)` writes (or atomically replaces) one
-  spec file for the claim and returns, per device and in the same order, the
-  fully qualified CDI device IDs (`vendor/class=name`) the container runtime
-  must inject;
+- `write_claim_spec(claim_uid, devices, settings)` writes (or atomically
+  replaces) one spec file for the claim and returns, per device and in the same
+  order, the fully qualified CDI device IDs (`vendor/class=name`) the container
+  runtime must inject; `settings` adds env for what prepare set on a device
+  (`TOPO_DEV_GPU_0_TIMESLICE=Short`, plugin/dra/sharing.py);
 - `remove_claim_spec(claim_uid)` removes it; removing one that is not there
   is not an error (unprepare must be idempotent).
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from allocator.topology import Device, DeviceKind
@@ -75,8 +76,10 @@ def _dir_error(e: CdiWriteError) -> CdiDirError:
 
 
 class ClaimCdi(Protocol):
-    def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]]) -> list[list[str]]:
-        """Write the claim's spec; `devices` are (slice device name, Device); returns CDI IDs per device."""
+    def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]],
+                         settings: Mapping[str, Mapping[str, str]] | None = None) -> list[list[str]]:
+        """Write the claim's spec; `devices` are (slice device name, Device); `settings` adds env per device
+        ({name: {suffix: value}} -> `TOPO_DEV_<NAME>_<SUFFIX>=value`); returns CDI IDs per device."""
         ...
 
     def remove_claim_spec(self, claim_uid: str) -> None: ...
@@ -99,6 +102,12 @@ def device_env(name: str, d: Device) -> list[str]:
     return env
 
 
+def setting_env(name: str, settings: Mapping[str, str]) -> list[str]:
+    """Env entries for what prepare set on a device (e.g. its time-slice): `TOPO_DEV_<NAME>_<SUFFIX>=value`."""
+    key = _ENV_BAD.sub("_", name).upper()
+    return [f"TOPO_DEV_{key}_{_ENV_BAD.sub('_', k).upper()}={v}" for k, v in sorted(settings.items())]
+
+
 class ClaimSpecs:
     """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.model.cdi`."""
 
@@ -115,10 +124,12 @@ class ClaimSpecs:
     def spec_path(self, claim_uid: str) -> str:
         return os.path.join(self.writer.directory, self.file_name(claim_uid))
 
-    def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]]) -> list[list[str]]:
+    def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]],
+                         settings: Mapping[str, Mapping[str, str]] | None = None) -> list[list[str]]:
         check_claim_uid(claim_uid)
         named = [(f"{claim_uid}-{name}", d) for name, d in devices]
-        spec = claim_spec(self.kind, named, self.options, [device_env(name, d) for name, d in devices])
+        env = [device_env(name, d) + setting_env(name, (settings or {}).get(name, {})) for name, d in devices]
+        spec = claim_spec(self.kind, named, self.options, env)
         try:
             self.writer.write(spec, self.file_name(claim_uid))
         except CdiWriteError as e:

@@ -48,6 +48,10 @@ class PreparedDevice:
     device: str
     requests: tuple[str, ...] = ()
     cdi_device_ids: tuple[str, ...] = ()
+    #: The GPU's time-slice interval this claim asked for and got (plugin/dra/sharing.py); "" when none.
+    timeslice: str = ""
+    #: The allocation's share ID when the claim holds a share of the device (consumable capacity); "" otherwise.
+    share_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,7 @@ class PreparedClaim:
         # By hand rather than dataclasses.asdict (a recursive deep copy): the whole file is encoded on every
         # write, in a worker thread whose Python work competes with the event loop for the GIL.
         return {"uid": self.uid, "namespace": self.namespace, "name": self.name,
-                "devices": [{"pool": x.pool, "device": x.device, "requests": list(x.requests),
-                             "cdi_device_ids": list(x.cdi_device_ids)} for x in self.devices]}
+                "devices": [_device_json(x) for x in self.devices]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PreparedClaim:
@@ -70,9 +73,22 @@ class PreparedClaim:
             uid=str(d["uid"]), namespace=str(d["namespace"]), name=str(d["name"]),
             devices=tuple(PreparedDevice(pool=str(x["pool"]), device=str(x["device"]),
                                          requests=tuple(x.get("requests", ())),
-                                         cdi_device_ids=tuple(x.get("cdi_device_ids", ())))
+                                         cdi_device_ids=tuple(x.get("cdi_device_ids", ())),
+                                         timeslice=str(x.get("timeslice", "")),
+                                         share_id=str(x.get("share_id", "")))
                           for x in d.get("devices", ())),
         )
+
+
+def _device_json(x: PreparedDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {"pool": x.pool, "device": x.device, "requests": list(x.requests),
+                           "cdi_device_ids": list(x.cdi_device_ids)}
+    # Only when set: files of claims without sharing stay as earlier releases wrote them.
+    if x.timeslice:
+        out["timeslice"] = x.timeslice
+    if x.share_id:
+        out["share_id"] = x.share_id
+    return out
 
 
 def _checksum(claims: dict[str, Any]) -> str:

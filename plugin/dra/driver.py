@@ -42,6 +42,7 @@ from .health_service import HealthBoard
 from .mig_prepare import CapsFor, MigPreparer, simulated_caps
 from .paths import DraPaths, new_instance_id
 from .prepare import ClaimPreparer, PrepareLimits
+from .sharing import GpuSharing, NvidiaSmiTimeSlice, SimulatedTimeSlice, state_path
 from .publisher import SlicePublisher
 from .service import RegistrationService, add_dra_services
 from .slices import SliceOptions
@@ -75,6 +76,9 @@ class DraOptions:
     mig_backend: Any = None
     #: The capability nodes of a created MIG instance (`caps`, `caps_major` attributes); procfs on real GPUs.
     mig_caps: CapsFor = simulated_caps
+    #: GPUs are real (NVML): claim time-slices are set with nvidia-smi; otherwise (simulated nodes) they are
+    #: kept in a file beside the checkpoint (plugin/dra/sharing.py).
+    real_gpus: bool = False
 
     @property
     def driver_name(self) -> str:
@@ -147,7 +151,8 @@ class DraDriver:
             log.info("removed a stale socket of an earlier instance", extra={"socket": path})
         self.preparer = preparer = ClaimPreparer(
             options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi, read_claim=self.api.get_claim,
-            topology=lambda: self.topology, limits=self.options.prepare_limits, mig=self.mig)
+            topology=lambda: self.topology, limits=self.options.prepare_limits, mig=self.mig,
+            sharing=self._sharing())
         self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer, self.health))
         self._registrar = await _serve(self.paths.registration_socket,
                                        lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))
@@ -155,6 +160,17 @@ class DraDriver:
         log.info("DRA driver serving", extra={"driver": self.options.driver_name, "prepared_claims": claims,
                                               "registration": self.paths.registration_socket,
                                               "endpoint": self.paths.service_socket})
+
+    def _sharing(self) -> GpuSharing:
+        if not self.options.real_gpus:
+            return GpuSharing(self.options.driver_name, SimulatedTimeSlice(state_path(self.paths.checkpoint)))
+        from ..sources.nvml_gpus import DiscoveryError, import_nvml  # noqa: PLC0415 (real GPUs only)
+
+        try:
+            nvml = import_nvml()  # for the compute-mode check before a time-slice is set
+        except DiscoveryError:
+            nvml = None
+        return GpuSharing(self.options.driver_name, NvidiaSmiTimeSlice(nvml=nvml))
 
     def _remove_orphan_specs(self, claims: dict[str, Any]) -> list[str]:
         """Specs left by a crash between writing a claim's spec and recording it (under the checkpoint lock,

@@ -45,22 +45,36 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from allocator.topology import Device, NodeTopology
 
 from ..sources.mig_instances import MigError
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
+from .gpu_config import Interval
 from .kubeapi import KubeApiUnreachable
 from .mig_prepare import MigPreparer
+from .sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
+    device_settings, state_path
 from .slices import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], Awaitable[dict[str, Any]]]
-#: One claim's allocated devices: (slice device name, Device, request names).
+#: One claim's allocated devices: (slice device name, Device, request names); a device the claim holds several
+#: shares of (consumable capacity) appears once per share.
 Allocated = list[tuple[str, Device, list[str]]]
+
+
+class Planned(NamedTuple):
+    """A claim ready to be recorded."""
+
+    devices: Allocated
+    #: Per entry of `devices`: its share ID (consumable capacity, KEP-5075), "" for a whole device.
+    shares: list[str]
+    #: The time-slice each GPU asks for (plugin/dra/sharing.py).
+    timeslices: dict[str, Interval]
 
 
 @dataclass(frozen=True)
@@ -113,10 +127,13 @@ def _batches(items: Sequence[ClaimRef], size: int) -> Iterator[Sequence[ClaimRef
 class ClaimPreparer:
     def __init__(self, *, options: SliceOptions, checkpoint: ClaimCheckpoint, cdi: ClaimCdi,
                  read_claim: ClaimReader, topology: Callable[[], NodeTopology],
-                 limits: PrepareLimits = PrepareLimits(), mig: MigPreparer | None = None):
+                 limits: PrepareLimits = PrepareLimits(), mig: MigPreparer | None = None,
+                 sharing: GpuSharing | None = None):
         self.options = options
         #: Dynamic MIG: creates a claim's MIG instances before its CDI spec is written (plugin/dra/mig_prepare.py).
         self.mig = mig
+        #: GPU time-slicing through claim config; simulated GPUs' settings go to a file beside the checkpoint.
+        self.sharing = sharing or GpuSharing(options.driver_name, SimulatedTimeSlice(state_path(checkpoint.path)))
         self.checkpoint = checkpoint
         self.cdi = cdi
         self.read_claim = read_claim
@@ -184,29 +201,46 @@ class ClaimPreparer:
         return out
 
     def _record(self, claims: dict[str, PreparedClaim],
-                ready: list[tuple[ClaimRef, Allocated]]) -> dict[str, Outcome]:
+                ready: list[tuple[ClaimRef, Planned]]) -> dict[str, Outcome]:
         """Under the checkpoint lock: write the batch's CDI specs and record the batch (one file write)."""
         done: dict[str, Outcome] = {}
-        for ref, allocated in ready:
+        holders: Holders | None = None  # who holds a time-slice on which GPU: built once per batch, when needed
+        for ref, (allocated, shares, wants) in ready:
             if ref.uid in claims:  # another call or instance prepared it meanwhile
                 done[ref.uid] = claims[ref.uid]
                 continue
             if self._stopping.is_set():
                 done[ref.uid] = _stopping()
                 continue
+            devices = {name: dev for name, dev, _ in allocated}
+            if wants:  # one time-slice setting per GPU: checked against every prepared claim, then applied
+                holders = Holders.of(claims) if holders is None else holders
+                try:
+                    self.sharing.admit(ref.uid, wants, devices, holders)
+                except (SharingRefused, TimeSliceApplyError) as e:
+                    done[ref.uid] = PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}")
+                    continue
             try:
                 if self.mig is not None:
                     allocated = self.mig.prepare(ref.uid, allocated)
-                ids = self.cdi.write_claim_spec(ref.uid, [(name, dev) for name, dev, _ in allocated])
+                    devices = {name: dev for name, dev, _ in allocated}
+                # One CDI device per device, however many shares of it the claim holds.
+                cdi_ids = dict(zip(devices, self.cdi.write_claim_spec(ref.uid, list(devices.items()),
+                                                                      device_settings(wants))))
             except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
                 done[ref.uid] = e if self.mig is None else self._undo_mig(ref.uid, e)
+                if wants and holders is not None:  # nothing records the setting just applied: undo it where no
+                    self.sharing.release({n: devices[n] for n in wants}, holders)  # other claim holds one
                 continue
             claims[ref.uid] = done[ref.uid] = PreparedClaim(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name,
                 devices=tuple(PreparedDevice(pool=self.options.pool, device=name, requests=tuple(reqs),
-                                             cdi_device_ids=tuple(cdi))
-                              for (name, _, reqs), cdi in zip(allocated, ids)),
+                                             cdi_device_ids=tuple(cdi_ids[name]),
+                                             timeslice=wants[name].value if name in wants else "", share_id=share)
+                              for (name, _, reqs), share in zip(allocated, shares)),
             )
+            if wants and holders is not None:
+                holders.add(claims[ref.uid])
             log.info("prepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
                                               "devices": [name for name, _, _ in allocated]})
         return done
@@ -221,9 +255,15 @@ class ClaimPreparer:
         return error if not isinstance(error, MigError) else PrepareError(f"MIG: {error}")
 
     async def _allocation(self, ref: ClaimRef, reads: _CallReads,
-                          table: dict[str, Device]) -> Allocated | Exception:
+                          table: dict[str, Device]) -> Planned | Exception:
         try:
-            return self._allocated_devices(ref, await self._read(ref, reads), table)
+            claim = await self._read(ref, reads)
+            allocated, shares = self._allocated_devices(ref, claim, table)
+            try:
+                wants = self.sharing.wanted(claim, allocated)
+            except SharingRefused as e:
+                raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
+            return Planned(allocated, shares, wants)
         except PrepareError as e:
             return e
         except Exception as e:  # noqa: BLE001 (one claim's surprise must not fail the others)
@@ -254,7 +294,9 @@ class ClaimPreparer:
                 raise PrepareError(f"reading {where}: "
                                    f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
 
-    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any], table: dict[str, Device]) -> Allocated:
+    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any],
+                           table: dict[str, Device]) -> tuple[Allocated, list[str]]:
+        """The claim's devices of our pool and, per entry, its share ID (see `Planned`)."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         uid = claim.get("metadata", {}).get("uid")
         if uid != ref.uid:
@@ -263,7 +305,7 @@ class ClaimPreparer:
         ours = [r for r in results if r.get("driver") == self.options.driver_name]
         if not ours:
             raise PrepareError(f"{where} has no devices allocated from driver {self.options.driver_name}")
-        out: dict[str, tuple[str, Device, list[str]]] = {}
+        out: dict[tuple[str, str], tuple[str, Device, list[str]]] = {}
         for r in ours:
             pool, name = r.get("pool"), r.get("device")
             if pool != self.options.pool:
@@ -275,10 +317,11 @@ class ClaimPreparer:
             if not dev.healthy:
                 raise PrepareError(f"{where}: device {name} ({dev.name}) is {dev.health}")
             request = str(r.get("request", "")).split("/", 1)[0]  # subrequests report their parent request
-            entry = out.setdefault(name, (name, dev, []))
+            share = str(r.get("shareID") or "")  # set when the device allows multiple allocations
+            entry = out.setdefault((name, share), (name, dev, []))
             if request and request not in entry[2]:
                 entry[2].append(request)
-        return list(out.values())
+        return list(out.values()), [share for _, share in out]
 
     # -- unprepare -----------------------------------------------------------------------------
     async def unprepare(self, ref: ClaimRef) -> None:
@@ -300,6 +343,8 @@ class ClaimPreparer:
 
     def _drop(self, claims: dict[str, PreparedClaim], batch: Sequence[ClaimRef]) -> dict[str, Exception | None]:
         out: dict[str, Exception | None] = {}
+        table: dict[str, Device] | None = None
+        holders: Holders | None = None
         for ref in batch:
             try:
                 if self.mig is not None:  # destroyed before the claim is forgotten: a crash cannot leak one
@@ -309,8 +354,17 @@ class ClaimPreparer:
             except Exception as e:  # noqa: BLE001 (this claim stays recorded; the others go on)
                 out[ref.uid] = e
                 continue
-            if claims.pop(ref.uid, None) is not None:
+            gone = claims.pop(ref.uid, None)
+            if gone is not None:
                 log.info("unprepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid})
+                shared = [d.device for d in gone.devices if d.timeslice]
+                if shared:  # GPUs it had time-sliced go back to Default once no prepared claim holds a setting
+                    table = table if table is not None else device_table(self.topology(), self.options)
+                    if holders is None:
+                        holders = Holders.of(claims)
+                    else:
+                        holders.drop(ref.uid)
+                    self.sharing.release({n: table[n] for n in shared if n in table}, holders)
             out[ref.uid] = None
         return out
 

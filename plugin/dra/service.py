@@ -8,8 +8,9 @@ Why both DRA versions: the kubelet picks the first entry of our
 `supported_versions` it knows ("v1.DRAPlugin" on 1.34+, "v1beta1.DRAPlugin"
 on older kubelets), so one driver binary works across the supported
 Kubernetes versions. Both services share one `ClaimPreparer`; only the
-message classes differ (v1 adds Device.share_id, which we never set:
-consumable capacity is not offered).
+message classes differ (v1 adds Device.share_id, set for a claim that holds
+a share of a GPU published with `allowMultipleAllocations`: consumable
+capacity, docs/dra.md "Sharing a GPU").
 
 Every per-claim problem goes into that claim's `error` field; the RPC itself
 fails only for a malformed request (INVALID_ARGUMENT naming the problem).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import grpc
 
@@ -74,10 +76,7 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
         def _prepared(self, ref: ClaimRef, prepared):
             if isinstance(prepared, Exception):
                 return pb2.NodePrepareResourceResponse(error=_claim_error("prepare", ref, prepared, version))
-            return pb2.NodePrepareResourceResponse(devices=[
-                pb2.Device(request_names=list(d.requests), pool_name=d.pool, device_name=d.device,
-                           cdi_device_ids=list(d.cdi_device_ids))
-                for d in prepared.devices])
+            return pb2.NodePrepareResourceResponse(devices=[_device(pb2, d) for d in prepared.devices])
 
         async def NodeUnprepareResources(self, request, context):  # noqa: N802
             refs = await self._claims(request, context)
@@ -98,6 +97,16 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
 
     DraService.__name__ = f"DraService_{version}"
     return DraService
+
+
+def _device(pb2: ModuleType, d: Any) -> Any:
+    """One prepared device as the kubelet gets it; `share_id` (v1 only, an optional field: unset means the whole
+    device) when the claim holds a share of it (consumable capacity)."""
+    msg = pb2.Device(request_names=list(d.requests), pool_name=d.pool, device_name=d.device,
+                     cdi_device_ids=list(d.cdi_device_ids))
+    if d.share_id and "share_id" in pb2.Device.DESCRIPTOR.fields_by_name:
+        msg.share_id = d.share_id
+    return msg
 
 
 def _checked_uids(refs: list[ClaimRef]) -> tuple[dict[str, object], list[ClaimRef]]:

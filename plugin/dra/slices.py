@@ -18,7 +18,10 @@ Attributes (resource.k8s.io/v1, Kubernetes 1.37):
   (the GPU–NIC complex of a GPU or NIC on Grace/ConnectX-8 platforms: a GPU
   and a NIC with one value pair as `PIX` whatever their PCIe path); for NICs
   `netdev`, `rdma`, `pf` (the physical function/port it belongs to), `vf`,
-  `vfIndex`, `linkType`, `driver`. GPU memory is the capacity `memory`.
+  `vfIndex`, `linkType`, `driver`. GPU memory is the capacity `memory`; with
+  `shared_gpus` a GPU also says `allowMultipleAllocations: true`, so claims
+  can take shares of that memory (consumable capacity, KEP-5075, beta and on
+  by default since 1.36; docs/dra.md "Sharing a GPU").
   GPUs in a completed NVLink fabric (GB200/GB300 NVL72) also carry `clique`
   (string `<cluster UUID>.<clique ID>`, the value of GPU Feature Discovery's
   `nvidia.com/gpu.clique` label), so a claim can keep its GPUs in one domain.
@@ -83,6 +86,9 @@ class SliceOptions:
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE
     #: GPUs in MIG mode: served whole, as static MIG devices, or partitionable (plugin/dra/mig_devices.py).
     mig: DraMig = field(default_factory=DraMig)
+    #: GPUs with a memory size allow multiple allocations (consumable capacity, KEP-5075): a claim may ask for
+    #: a share of the `memory` capacity; one that asks for none takes all of it, i.e. the whole GPU.
+    shared_gpus: bool = False
 
     def __post_init__(self) -> None:
         check_driver_name(self.driver_name)
@@ -271,6 +277,10 @@ def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[st
         entry: dict[str, Any] = {"name": name, "attributes": dict(sorted(attrs.items()))}
         if capacity:
             entry["capacity"] = capacity
+            if options.shared_gpus and d.kind == DeviceKind.GPU:
+                # No requestPolicy: a request without `capacity` consumes the whole memory, so claims that
+                # know nothing of sharing still get a GPU of their own.
+                entry["allowMultipleAllocations"] = True
         if not d.healthy:
             entry["taints"] = [{"key": f"{options.driver_name}/unhealthy", "value": d.health,
                                 "effect": "NoSchedule"}]

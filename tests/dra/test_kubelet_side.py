@@ -35,9 +35,9 @@ class CountingCdi(ClaimSpecs):
         super().__init__(root, DRIVER)
         self.writes: list[str] = []
 
-    def write_claim_spec(self, claim_uid, devices):
+    def write_claim_spec(self, claim_uid, devices, settings=None):
         self.writes.append(claim_uid)
-        return super().write_claim_spec(claim_uid, devices)
+        return super().write_claim_spec(claim_uid, devices, settings)
 
 
 @pytest.fixture
@@ -349,10 +349,10 @@ async def test_a_many_claim_call_writes_the_checkpoint_once_per_batch(start_driv
 
 async def test_a_claim_whose_spec_cannot_be_written_fails_alone_and_leaves_no_record(start_driver, roots, apiserver):
     class FailingForOne(CountingCdi):
-        def write_claim_spec(self, claim_uid, devices):
+        def write_claim_spec(self, claim_uid, devices, settings=None):
             if claim_uid == bad:
                 raise OSError(28, "No space left on device")
-            return super().write_claim_spec(claim_uid, devices)
+            return super().write_claim_spec(claim_uid, devices, settings)
 
     await start_driver(cdi=FailingForOne(roots[1]))
     plugin = await register(registration_sockets(roots[0])[0])

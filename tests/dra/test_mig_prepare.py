@@ -205,7 +205,7 @@ async def test_a_crash_between_create_and_record_is_settled_at_restart(created, 
 async def test_a_claim_whose_spec_cannot_be_written_gives_its_instance_back(start_driver, roots, apiserver, backend,
                                                                            topology):
     class FullDisk(ClaimSpecs):
-        def write_claim_spec(self, claim_uid, devices):
+        def write_claim_spec(self, claim_uid, devices, settings=None):
             raise OSError(28, "No space left on device")
 
     await start_driver(cdi=FullDisk(roots[1], DRIVER))

@@ -118,3 +118,16 @@ def test_a_server_with_device_taints_off_drops_them(validator):
     slices = build_resource_slices(t, OPTS)
     assert accepted(validate(validator, slices))[0]["taints"] == 1
     assert accepted(validate(validator, slices, "-feature-gates=DRADeviceTaints=false,DRADeviceTaintRules=false"))[0]["taints"] == 0
+
+
+def test_gpus_shared_by_consumable_capacity_are_accepted(validator):
+    """`shared_gpus`: GPUs say allowMultipleAllocations (DRAConsumableCapacity, on by default in 1.37)."""
+    from dataclasses import replace
+
+    slices = build_resource_slices(load_simulated("dgx-h100"), replace(OPTS, shared_gpus=True))
+    gpus = [d for s in slices for d in s["spec"]["devices"] if d["name"].startswith("gpu-")]
+    assert gpus and all(d.get("allowMultipleAllocations") is True and "memory" in d["capacity"] for d in gpus)
+    assert not [d for s in slices for d in s["spec"]["devices"]
+                if d["name"].startswith("nic-") and "allowMultipleAllocations" in d]
+    out = accepted(validate(validator, slices))
+    assert sum(o["devices"] for o in out) == 16

@@ -72,9 +72,9 @@ class CountingCdi(ClaimSpecs):
         super().__init__(root, DRIVER)
         self.writes: dict[str, int] = {}
 
-    def write_claim_spec(self, claim_uid, devices):
+    def write_claim_spec(self, claim_uid, devices, settings=None):
         self.writes[claim_uid] = self.writes.get(claim_uid, 0) + 1
-        return super().write_claim_spec(claim_uid, devices)
+        return super().write_claim_spec(claim_uid, devices, settings)
 
 
 @pytest.fixture

@@ -251,6 +251,8 @@ class _FakeGpu:
     #: GPU instance ID -> GPU instance made at run time (dynamic MIG)
     gis: dict[int, _FakeGi] = field(default_factory=dict)
     fabric: FabricInfo | None = None
+    #: nvmlComputeMode_t (0: DEFAULT, 3: EXCLUSIVE_PROCESS ...); tests set it, as an operator with nvidia-smi -c.
+    compute_mode: int = 0
 
 
 @dataclass(eq=False)
@@ -637,6 +639,10 @@ class FakeNvml:
         if isinstance(handle, FakeMigHandle):
             return self._mig(handle).device.uuid or ""
         return self._h(handle).uuid
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        self._count("nvmlDeviceGetComputeMode")
+        return self._h(handle).compute_mode
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         self._count("nvmlDeviceGetIndex")

@@ -1,0 +1,303 @@
+"""A shared, time-sliced GPU claim on a real Kubernetes 1.37 cluster: two pods, one GPU, one setting.
+
+One cluster for this module (tests/e2e/cluster, containerd with CDI as in test_dra_cluster.py);
+the chart serves the simulated DGX H100's GPUs through DRA. The story:
+- a ResourceClaim (not a template) asks for one GPU with our GpuConfig `sharing: TimeSlicing,
+  interval: Short`; two pods name it. The scheduler allocates it once and reserves it for both;
+  the kubelet prepares it once; both containers get the same GPU device node and env, and
+  `TOPO_DEV_<GPU>_TIMESLICE=Short`; the simulated GPU backend's settings file says Short;
+- a claim whose config asks an interval that does not exist: its pod never starts, the kubelet's
+  event carries our reason (field and fix), nothing is prepared;
+- deleting the first pod keeps the claim prepared for the second; deleting the second
+  unprepares it once: checkpoint entry, CDI spec and the GPU's setting are gone;
+- consumable capacity (`draSharedGpus`: GPUs published with allowMultipleAllocations; the
+  DRAConsumableCapacity gate is on by default in 1.37): three claims each take 10Gi of one GPU's
+  memory. The GPU has one time-slice setting: the claims asking Long both run on it, the one
+  asking Short waits with our reason.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import time
+from typing import Any
+
+import pytest
+from cluster import NODE, Cluster
+from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
+from sandbox import NODE_IP, wait_for
+from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
+    wait_daemon_ready, workload
+
+from plugin.dra.checkpoint import ClaimCheckpoint
+from plugin.dra.sharing import SIMULATED_STATE_FILE
+from plugin.dra.slices import SliceOptions, device_table
+from plugin.sources.simulated import load_simulated
+
+pytestmark = pytest.mark.timeout(1800)
+
+DRIVER = "topo.dev"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, cluster_inputs):
+    node = Node.make(tmp_path_factory.mktemp("node"), simulate="dgx-h100")
+    numa, distances = node.numa_nodes()
+    for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
+        values = chart_values(
+            cluster_inputs["image"].ref, node,
+            dra={"resources": ["nvidia.com/gpu"]},
+            extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                      {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+        values["config"]["flags"]["draSharedGpus"] = True
+        helm_upgrade(c, values)
+        wait_daemon_ready(c)
+        topology = load_simulated(str(node.node_file))
+        yield {"c": c, "node": node, "image": cluster_inputs["image"].ref,
+               "table": device_table(topology, SliceOptions(node_name=NODE))}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+def gpu_claim(name: str, interval: str, gpu_index: int | None = None, memory: str | None = None) -> dict[str, Any]:
+    """A claim for one GPU with a time-slice; `gpu_index` pins the GPU, `memory` asks for a share of it."""
+    exactly: dict[str, Any] = {"deviceClassName": f"gpu.{DRIVER}"}
+    if gpu_index is not None:
+        exactly["selectors"] = [{"cel": {"expression": f'device.attributes["{DRIVER}"].index == {gpu_index}'}}]
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": exactly}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.topo-device-plugin.io/v1alpha1", "kind": "GpuConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}}}}],
+        }},
+    }
+
+
+def claim_pod(name: str, image: str, claim: str) -> dict[str, Any]:
+    pod = workload(name, image, {})
+    pod["metadata"]["namespace"] = NAMESPACE
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return pod
+
+
+def get_pod(c: Cluster, name: str) -> dict[str, Any]:
+    return c.get("pod", name, "-n", NAMESPACE)
+
+
+def wait_running(c: Cluster, name: str) -> dict[str, Any]:
+    def running():
+        p = get_pod(c, name)
+        return p if p.get("status", {}).get("phase") == "Running" else None
+    try:
+        return wait_for(f"pod {name} Running", running, 240)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+
+
+def report(c: Cluster, name: str) -> dict[str, Any] | None:
+    out = c.kubectl("logs", "-n", NAMESPACE, name, check=False).stdout
+    for line in out.splitlines():
+        if line.startswith(REPORT_MARK):
+            return json.loads(line[len(REPORT_MARK):])
+    return None
+
+
+def plugin_dir(c: Cluster) -> pathlib.Path:
+    return c.w.joinpath("var-lib-kubelet", "plugins", DRIVER)
+
+
+def prepared(c: Cluster) -> dict[str, Any]:
+    d = plugin_dir(c)
+    return ClaimCheckpoint(str(d / "checkpoint.json"), str(d / "serialize.lock"), DRIVER).load()
+
+
+def gpu_settings(c: Cluster) -> dict[str, Any]:
+    """The simulated GPU backend's settings file (UUID -> index, computeMode, timeslice)."""
+    path = plugin_dir(c) / SIMULATED_STATE_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def claim_specs(c: Cluster) -> list[str]:
+    out = c.sb.sh("ls", "-1", "/var/run/cdi", check=False).stdout.split()
+    return sorted(n for n in out if n.startswith(f"{DRIVER}-claim_"))
+
+
+def driver_log_lines(c: Cluster, pattern: str) -> list[str]:
+    [daemon] = daemon_pods(c)
+    out = c.kubectl("logs", "-n", NAMESPACE, daemon["metadata"]["name"], check=False).stdout
+    return [line for line in out.splitlines() if re.search(pattern, line)]
+
+
+def pod_events(c: Cluster, name: str) -> list[str]:
+    items = c.get("events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [f"{e.get('reason')}: {e.get('message')}" for e in items]
+
+
+def feature_gates(metrics: str) -> dict[str, tuple[str, bool]]:
+    """{gate: (stage, enabled)} from a component's kubernetes_feature_enabled metric."""
+    return {m.group(1): (m.group(2), m.group(3) == "1") for m in re.finditer(
+        r'^kubernetes_feature_enabled\{name="(\w+)",stage="(\w*)"\} (\d)', metrics, re.M)}
+
+
+def delete_pod(c: Cluster, name: str) -> None:
+    c.kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
+    wait_for(f"pod {name} gone", lambda: not c.get("pods", "-n", NAMESPACE, "--field-selector",
+                                                   f"metadata.name={name}")["items"], 240)
+
+
+# ---- the story -------------------------------------------------------------------------------------
+
+
+def test_a_time_sliced_claim_shared_by_two_pods_runs_both_on_one_gpu(installed):
+    c, image = installed["c"], installed["image"]
+    c.apply(gpu_claim("shared-gpu", "Short"))
+    t0 = time.monotonic()
+    for name in ("share-a", "share-b"):
+        c.apply(claim_pod(name, image, "shared-gpu"))
+    pods = {name: wait_running(c, name) for name in ("share-a", "share-b")}
+    print(f"\ntwo pods of one time-sliced claim Running {time.monotonic() - t0:.1f} s after creation")
+    claim = c.get("resourceclaim", "shared-gpu", "-n", NAMESPACE)
+    [res] = claim["status"]["allocation"]["devices"]["results"]
+    assert (res["driver"], res["pool"], res["request"]) == (DRIVER, NODE, "gpu")
+    gpu = res["device"]
+    uid = claim["metadata"]["uid"]
+    # Reserved for both pods; one allocation.
+    assert sorted(r["uid"] for r in claim["status"]["reservedFor"]) == sorted(
+        p["metadata"]["uid"] for p in pods.values())
+    # Prepared once: one checkpoint entry with the interval recorded on the GPU, one prepare by us.
+    entry = prepared(c)[uid]
+    assert [(d.device, d.timeslice) for d in entry.devices] == [(gpu, "Short")]
+    assert len(driver_log_lines(c, rf"\bprepared claim.*{uid}|{uid}.*\bprepared claim")) == 1
+    # The GPU's setting, as the simulated backend holds it.
+    dev = installed["table"][gpu]
+    assert gpu_settings(c) == {dev.uuid: {"index": dev.index, "computeMode": "Default", "timeslice": "Short"}}
+    # Both containers: the same GPU device node (same numbers) and env, with the interval.
+    key = gpu.replace("-", "_").upper()
+    reps = {n: wait_for(f"pod {n}'s report", lambda n=n: report(c, n), 60) for n in pods}
+    seen = []
+    for name, rep in reps.items():
+        nodes = {p: v for p, v in rep["devices"].items() if re.fullmatch(r"/dev/nvidia\d+", p)}
+        env = {k: v for k, v in rep["env"].items() if k.startswith("TOPO_DEV_")}
+        seen.append((nodes, env))
+    assert seen[0] == seen[1], seen
+    nodes, env = seen[0]
+    minor = dev.minor if dev.minor is not None else dev.index  # a simulated GPU's minor is its index
+    assert list(nodes) == [f"/dev/nvidia{minor}"]
+    assert env == {f"TOPO_DEV_{key}": dev.uuid, f"TOPO_DEV_{key}_TIMESLICE": "Short"}
+    installed.update(uid=uid, gpu=gpu)
+
+
+def test_a_bad_sharing_config_keeps_the_pod_from_starting_with_the_reason(installed):
+    c, image = installed["c"], installed["image"]
+    c.apply(gpu_claim("bad-gpu", "Fast"))
+    c.apply(claim_pod("bad", image, "bad-gpu"))
+
+    def refused():
+        msgs = [m for m in pod_events(c, "bad") if "timeSlicingConfig.interval" in m]
+        return msgs or None
+    try:
+        msgs = wait_for("the kubelet's event with our reason", refused, 180)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+    assert "'Fast' is not an interval" in msgs[0] and "Default, Short, Medium, Long" in msgs[0], msgs
+    p = get_pod(c, "bad")
+    assert p["status"]["phase"] == "Pending"
+    [cs] = p["status"].get("containerStatuses") or [{"state": {"waiting": {"reason": "ContainerCreating"}}}]
+    assert "running" not in cs["state"], cs
+    bad_uid = c.get("resourceclaim", "bad-gpu", "-n", NAMESPACE)["metadata"]["uid"]
+    assert bad_uid not in prepared(c)
+    assert f"{DRIVER}-claim_{bad_uid}.json" not in claim_specs(c)
+    # The shared GPU's setting is untouched by the refused claim.
+    assert [v["timeslice"] for v in gpu_settings(c).values()] == ["Short"]
+    delete_pod(c, "bad")
+
+
+def test_the_claim_is_unprepared_once_after_the_last_pod_is_gone(installed):
+    c = installed["c"]
+    uid = installed["uid"]
+    delete_pod(c, "share-a")
+    wait_for("share-a out of reservedFor", lambda: [r["name"] for r in c.get(
+        "resourceclaim", "shared-gpu", "-n", NAMESPACE)["status"].get("reservedFor", [])] == ["share-b"], 120)
+    # Still prepared for share-b, which keeps running on the time-sliced GPU.
+    assert uid in prepared(c)
+    assert f"{DRIVER}-claim_{uid}.json" in claim_specs(c)
+    assert get_pod(c, "share-b")["status"]["phase"] == "Running"
+    assert [v["timeslice"] for v in gpu_settings(c).values()] == ["Short"]
+    t0 = time.monotonic()
+    delete_pod(c, "share-b")
+    wait_for("the claim unprepared", lambda: uid not in prepared(c), 120)
+    print(f"\nlast pod deleted -> claim unprepared and the GPU back to Default: {time.monotonic() - t0:.1f} s")
+    assert f"{DRIVER}-claim_{uid}.json" not in claim_specs(c)
+    assert gpu_settings(c) == {}, "the GPU's time-slice goes back to Default with its last claim"
+    assert len(driver_log_lines(c, rf"unprepared claim.*{uid}|{uid}.*unprepared claim")) == 1
+
+
+SHARES = {"long-a": "Long", "short": "Short", "long-b": "Long"}
+
+
+def test_shares_of_one_gpu_by_consumable_capacity_hold_one_time_slice_setting(installed):
+    c, image = installed["c"], installed["image"]
+    # The gate is on by 1.37's defaults (nothing in the test cluster sets it), and the API server kept the field.
+    assert feature_gates(c.kubectl("get", "--raw", "/metrics").stdout).get("DRAConsumableCapacity") == ("BETA", True)
+    assert feature_gates(c.kubectl("get", "--raw", f"/api/v1/nodes/{NODE}/proxy/metrics").stdout).get(
+        "DRAConsumableCapacity") == ("BETA", True)
+    gpus = [d for s in c.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER
+            for d in s["spec"].get("devices", []) if d["name"].startswith("gpu-")]
+    assert len(gpus) == 8 and all(d.get("allowMultipleAllocations") is True for d in gpus), gpus[:1]
+    for name, interval in SHARES.items():
+        c.apply(gpu_claim(f"share-{name}", interval, gpu_index=7, memory="10Gi"))
+    # The first holder decides the GPU's setting: start it alone.
+    c.apply(claim_pod("long-a", image, "share-long-a"))
+    wait_running(c, "long-a")
+    for name in ("short", "long-b"):
+        c.apply(claim_pod(name, image, f"share-{name}"))
+    wait_running(c, "long-b")
+    claims = {n: c.get("resourceclaim", f"share-{n}", "-n", NAMESPACE) for n in SHARES}
+    results = {n: cl["status"]["allocation"]["devices"]["results"] for n, cl in claims.items()}
+    assert {r["device"] for rs in results.values() for r in rs} == {"gpu-7"}
+    shares = [r.get("shareID") for rs in results.values() for r in rs]
+    assert all(shares) and len(set(shares)) == 3, shares
+    assert all(r["consumedCapacity"] == {"memory": "10Gi"} for rs in results.values() for r in rs)
+
+    def refused():
+        msgs = [m for m in pod_events(c, "short") if "a GPU has one time-slice setting" in m]
+        return msgs or None
+    try:
+        [msg, *_] = wait_for("the Short share refused with our reason", refused, 180)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+    assert "gpu-7 (GPU7) is time-sliced with interval Long for claim topo-system/share-long-" in msg, msg
+    assert "this claim asks Short (fix: ask Long" in msg, msg
+    assert get_pod(c, "short")["status"]["phase"] == "Pending"
+    # The two Long shares: one checkpoint entry each, with their share IDs; both containers on GPU 7.
+    table = prepared(c)
+    for n in ("long-a", "long-b"):
+        [d] = table[claims[n]["metadata"]["uid"]].devices
+        [r] = results[n]
+        assert (d.device, d.timeslice, d.share_id) == ("gpu-7", "Long", r["shareID"])
+        rep = wait_for(f"pod {n}'s report", lambda n=n: report(c, n), 60)
+        assert [p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)] == ["/dev/nvidia7"]
+        assert rep["env"]["TOPO_DEV_GPU_7_TIMESLICE"] == "Long"
+    assert claims["short"]["metadata"]["uid"] not in table
+    assert [(v["index"], v["timeslice"]) for v in gpu_settings(c).values()] == [(7, "Long")]
+    for n in SHARES:
+        delete_pod(c, n)
+    wait_for("the shares unprepared", lambda: not set(prepared(c)) & {cl["metadata"]["uid"]
+                                                                      for cl in claims.values()}, 120)
+    assert gpu_settings(c) == {}
+
+
+def test_teardown_stops_everything_and_leaves_nothing(installed):
+    c = installed["c"]
+    for name in ("shared-gpu", "bad-gpu", *(f"share-{n}" for n in SHARES)):
+        c.kubectl("delete", "resourceclaim", "-n", NAMESPACE, name, "--wait=false", check=False)
+    down_and_check_nothing_left(c)
