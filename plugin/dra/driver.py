@@ -21,8 +21,8 @@ is in DRA mode (and the device-plugin side leaving exactly those out),
     driver.update(new_topology)                        # on every topology change (health, hot-plug)
     await driver.stop(); await api.close()             # on SIGTERM
 
-NICs (issue 21): with `netdev_attach="auto"` and NICs among the devices
-served, `start` also connects to the container runtime's NRI socket
+NICs (issue 21): with `netdev_attach="auto"` and NICs with a network
+interface among the devices served, `start` also connects to the container runtime's NRI socket
 (`plugin.nri.NriPlugin`) with `plugin.dra.pod_network.PodNetwork` as the
 handler, which moves each prepared NIC into its pod's network namespace when
 the sandbox starts. Otherwise (GPU-only, `netdev_attach="off"`) neither
@@ -174,8 +174,11 @@ class DraDriver:
         """The NIC side of prepare when NICs are to be attached here (None: `NoNetwork`, nothing attached)."""
         if self.options.netdev_attach != "auto":
             return None
-        if not any(d.kind is DeviceKind.NIC for d in device_table(topology, self.options.slices).values()):
-            return None  # GPU-only: nothing of the NIC side runs, not even the NRI connection
+        if not any(d.kind is DeviceKind.NIC and d.attributes.get("netdev")
+                   for d in device_table(topology, self.options.slices).values()):
+            # GPU-only, or NICs without a network interface (vfio-pci, simulated without `netdev`): nothing of
+            # the NIC side runs, not even the NRI connection. Decided at start: a restart picks up new NICs.
+            return None
         from ..netattach import NetAttacher, exists, max_mtu  # noqa: PLC0415 (pyroute2 only where NICs move)
         from ..nri import NriPlugin  # noqa: PLC0415
         from .claim_status import ClaimStatusWriter  # noqa: PLC0415

@@ -26,9 +26,12 @@ than starting it without its network).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+from allocator.topology import DeviceKind
 
 from .checkpoint import ClaimCheckpoint, PreparedClaim
 from .claim_status import ClaimStatusWriter, condition, device_entry
@@ -93,11 +96,16 @@ class PodNetwork:
         self.nri_socket = nri_socket
 
     # -- prepare side (ClaimNetwork) --------------------------------------------------------------
-    def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+    async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+        # The node's answer about each netdev first, in a worker thread: netlink calls block (and pyroute2's
+        # synchronous socket cannot even be opened on a thread running an event loop).
+        netdevs = sorted({d.attributes["netdev"] for _, d, _ in allocated
+                          if d.kind is DeviceKind.NIC and d.attributes.get("netdev")})
+        known = await asyncio.to_thread(lambda: {n: self.probe(n) for n in netdevs}) if netdevs else {}
         unavailable = None if self.connected() else (
             f"the driver is not connected to the container runtime's NRI socket {self.nri_socket}, so nothing would "
             "move the NICs into the pod")
-        return nic_plan(f"{ref.namespace}/{ref.name}", claim, self.driver, allocated, self.probe,
+        return nic_plan(f"{ref.namespace}/{ref.name}", claim, self.driver, allocated, known.get,
                         PlanLimits(taken_names=self.taken_names, unavailable=unavailable,
                                    unavailable_fix="turn NRI on in containerd (2.x: on by default; 1.7: "
                                                    "[plugins.\"io.containerd.nri.v1.nri\"] disable = false) and mount "
