@@ -4,8 +4,8 @@ Real parts: the claims come from the stand-in API server over HTTP and their sta
 server-side apply; prepare and unprepare run the driver's ClaimPreparer on a real checkpoint and real CDI
 directory; the NICs are veth pairs (tests/netattach/netattach_testlib.py) moved by the real NetAttacher into
 real network namespaces, checked with `ip` and `nsenter`, never through the code under test. Only the NRI
-connection is left out here (its events are the handler's methods; tests/nri drives them from a real NRI
-runtime, and the driver's wiring is tested below through the daemon's options).
+connection is left out here (its events are the handler's methods); tests/dra/test_netdev_attach.py drives
+the whole driver from a real NRI runtime.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import shutil
 import sys
 import tempfile
 import uuid
-from dataclasses import dataclass
 
 import pytest
 
@@ -27,6 +26,7 @@ from plugin.dra.network_config import API_VERSION, KIND
 from plugin.dra.pod_network import PodNetwork
 from plugin.dra.prepare import ClaimPreparer, ClaimRef
 from plugin.dra.slices import SliceOptions
+from plugin.nri import PodSandbox as Sandbox
 from plugin.sources.simulated import load_node_yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
@@ -35,16 +35,6 @@ from netattach_testlib import Net, ip_json, link, needs_root  # noqa: E402
 
 DRIVER = "topo.dev"
 NODE = "node-a"
-
-
-@dataclass(frozen=True)
-class Sandbox:
-    """A pod sandbox as NRI describes it (plugin.nri.PodSandbox)."""
-
-    uid: str
-    namespace: str
-    name: str
-    netns: str | None
 
 
 @pytest.fixture
