@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -95,8 +94,8 @@ class PodNetwork:
         #: Whether NRI is connected now: a NicConfig is refused while it is not (nobody would apply it).
         self.connected = connected
         self.nri_socket = nri_socket
-        #: The prepared claims with NICs, and the checkpoint file identity they were read from (see `_nic_claims`).
-        self._cache: tuple[tuple[int, int, int] | None, list[PreparedClaim]] = (None, [])
+        #: The prepared claims with NICs, and the checkpoint file's bytes they were read from (see `_nic_claims`).
+        self._cache: tuple[bytes | None, list[PreparedClaim]] = (None, [])
 
     # -- prepare side (ClaimNetwork) --------------------------------------------------------------
     async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
@@ -139,16 +138,17 @@ class PodNetwork:
         """The prepared claims that hold NICs to attach.
 
         Every pod started on the node comes through here, inside the runtime's NRI deadline (2 s), and most
-        have no NIC of ours: the parsed checkpoint is kept while the file is the same (it is only ever replaced
-        by a rename, so inode, size and mtime change with every write, of this instance or another)."""
+        have no NIC of ours: the parsed checkpoint is kept while the file's bytes are the same (reading them
+        needs no lock, the file is only ever replaced whole by a rename; parsing and checking it is what
+        costs). Whoever wrote it, this instance or another, a change is seen."""
         try:
-            st = os.stat(self.checkpoint.path)
-            ident: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+            with open(self.checkpoint.path, "rb") as f:
+                raw: bytes | None = f.read()
         except FileNotFoundError:
-            ident = None
-        if ident is None or ident != self._cache[0]:
+            raw = None
+        if raw is None or raw != self._cache[0]:
             claims = [c for c in (await self.checkpoint.read()).values() if c.networks]
-            self._cache = (ident, claims)
+            self._cache = (raw, claims)
         return self._cache[1]
 
     async def _claims_of(self, pod_uid: str) -> list[PreparedClaim]:

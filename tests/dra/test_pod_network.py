@@ -248,3 +248,20 @@ async def test_pods_without_our_nics_are_left_alone(net, side, apiserver):
     assert [x["ifname"] for x in ip_json(netns, "link", "show")] == ["lo"]
     await s.status.flush()
     assert apiserver.status_applies == []
+
+
+async def test_a_claim_prepared_by_the_other_instance_is_attached_at_the_next_sandbox_start(net, side, apiserver):
+    """During a rolling update two instances share the checkpoint; the sandbox side keeps the parsed file
+    between pod starts, and must still see what the other instance prepared."""
+    a = net.veth()
+    topo = node_with(a.name)
+    ours, other = side(topo), side(topo)
+    netns = net.netns()
+    await ours.network.run_pod_sandbox(Sandbox("p-plain", "team", "plain", netns))  # the file is read and kept
+    pod = Sandbox(str(uuid.uuid4()), "team", "late", net.netns())
+    uid = apiserver.add_claim("team", "late", results(("nic-nic0", "nic")), pods=[pod.uid])
+    await other.preparer.prepare(ClaimRef("team", uid, "late"))
+    await ours.network.run_pod_sandbox(pod)
+    assert link(pod.netns, a.name)["address"] == a.mac
+    await ours.network.stop_pod_sandbox(pod)
+    assert link(None, a.name)["address"] == a.mac
