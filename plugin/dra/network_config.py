@@ -55,6 +55,11 @@ _IFNAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,14}$")
 NicProbe = Callable[[str], "int | None"]
 
 
+def is_ifname(name: str) -> bool:
+    """Whether `name` is a Linux interface name (the rule `interfaceName` and `--pod-primary-interface` follow)."""
+    return bool(_IFNAME_RE.match(name))
+
+
 class NicConfigError(Exception):
     """A NicConfig the driver cannot apply: the message names the claim, the field and the fix."""
 
