@@ -27,6 +27,11 @@ def dra_factory(settings: Settings) -> DraFactory:
     both from the downward API), the API server through the pod's service account, or the file KUBECONFIG
     names when run outside a pod."""
     v = settings.values
+    from ..dra.network_config import is_ifname
+
+    if not is_ifname(v["pod_primary_interface"]):
+        raise InputError(f"{option_source(settings, 'pod_primary_interface')}: {v['pod_primary_interface']!r} is not "
+                         "a Linux interface name (fix: 1 to 15 of A-Z a-z 0-9 _ . -, not starting with '.', e.g. eth0)")
     node = os.environ.get("NODE_NAME", "")
     if not node:
         raise InputError(f"{option_source(settings, 'dra_resources')}: DRA mode needs the node's name in NODE_NAME "
@@ -52,7 +57,9 @@ def dra_factory(settings: Settings) -> DraFactory:
                                  "account token, or set KUBECONFIG)") from None
         return DraDriver(DraOptions(slices, kubelet_root=v["kubelet_root_dir"], cdi_root=v["cdi_spec_dir"],
                                     instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"],
-                                    mig_backend=backend, mig_caps=caps, real_gpus=not v["simulate"]),
+                                    mig_backend=backend, mig_caps=caps, real_gpus=not v["simulate"],
+                                    netdev_attach=v["netdev_attach"], nri_socket=v["nri_socket"],
+                                    pod_primary_interface=v["pod_primary_interface"]),
                          api, owns_api=True)
 
     return make

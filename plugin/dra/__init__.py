@@ -13,6 +13,9 @@ Modules, one job each:
 - `claim_config`: the allocation's opaque configs for our driver, per request;
   `gpu_config`: the `GpuConfig` kind (time-slicing); `sharing`: one time-slice
   setting per GPU, applied through a simulated file or nvidia-smi;
+- `network_config`: a claim's NicConfig checked and turned into each NIC's pod interface;
+  `pod_network`: the NRI sandbox handler that moves prepared NICs into their pods and back;
+  `claim_status`: our entries of a claim's `status.devices` (networkData), written in the background;
 - `driver`: composes them for one node (`DraDriver`, `DraOptions`).
 """
 

@@ -7,6 +7,7 @@ Layout (kubelet root `/var/lib/kubelet` by default):
     plugins/<driver>/checkpoint.json                prepared claims (shared by all instances)
     plugins/<driver>/mig-instances.json             MIG instances made for claims (dynamic MIG)
     plugins/<driver>/serialize.lock                 flock taken around every prepare/unprepare
+    plugins/<driver>/netattach.json                 NICs attached to pods (--netdev-attach auto)
 
 Why one socket pair per *instance* (the pod UID in a DaemonSet, else a random
 ID per process): during a rolling update with `maxSurge` the old and the new
@@ -108,6 +109,11 @@ class DraPaths:
     def mig_book(self) -> str:
         """MIG instances made for claims (dynamic MIG; plugin/dra/mig_prepare.py)."""
         return os.path.join(self.plugin_dir, "mig-instances.json")
+
+    @property
+    def netattach_ledger(self) -> str:
+        """The NICs attached to pods (plugin/netattach ledger; shared by all instances, like the checkpoint)."""
+        return os.path.join(self.plugin_dir, "netattach.json")
 
     def make_dirs(self) -> None:
         """Create the directories, and check that nothing but a socket sits at this instance's socket paths:
