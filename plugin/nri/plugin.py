@@ -98,6 +98,9 @@ class NriPlugin:
         self._task: asyncio.Task[None] | None = None
         self._connected = False
         self._sync_parts: list[nri.PodSandbox] = []
+        #: Set when the handler's synchronize failed: the runtime then keeps the connection but sends
+        #: no events, so the session hangs up and the plugin registers again after a backoff.
+        self._sync_failed = asyncio.Event()
         #: Completed connections (registered and synchronized), for logs and tests.
         self.sessions = 0
 
@@ -155,16 +158,23 @@ class NriPlugin:
         try:
             async with asyncio.TaskGroup() as tg:
                 mux_task = tg.create_task(mux.run())
+                sync_failed = tg.create_task(self._sync_failed.wait())
                 tg.create_task(server.run())
                 tg.create_task(client.run())
                 req = nri.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
                 await client.call(RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(),
                                   timeout=REGISTER_TIMEOUT_S)
                 log.info("NRI plugin %s-%s registered on %s", self.index, self.name, self.socket_path)
-                await mux_task
+                await asyncio.wait([mux_task, sync_failed], return_when=asyncio.FIRST_COMPLETED)
+                sync_failed.cancel()
+                if not mux_task.done():
+                    # Our error answer is already in the socket's buffer; closing sends it first.
+                    log.warning("NRI plugin %s hangs up to synchronize again later", self.name)
+                    mux.close()
         finally:
             mux.close()
-        log.info("NRI runtime closed the connection on %s", self.socket_path)
+            self._sync_failed.clear()
+        log.info("NRI connection on %s closed", self.socket_path)
 
     async def _serve(self, service: str, method: str, payload: bytes) -> bytes:
         """The Plugin service: our three events and Synchronize reach the handler, the rest is answered empty."""
@@ -192,7 +202,8 @@ class NriPlugin:
             await self.handler.synchronize(pods)
         except Exception as exc:
             log.warning("NRI synchronize handler failed for %d pods: %s", len(pods), exc)
-            raise
+            self._sync_failed.set()
+            raise StatusError(Code.UNKNOWN, f"{self.name}: Synchronize of {len(pods)} pods: {exc}") from exc
         self._connected = True
         self.sessions += 1
         self._backoff.reset()

@@ -135,6 +135,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.fail: set[str] = set()
+        self.fail_syncs = 0  # how many synchronize calls raise before one succeeds
         self.changed = asyncio.Event()
 
     def _record(self, what: str, arg: Any) -> None:
@@ -143,6 +144,9 @@ class Recorder:
 
     async def synchronize(self, pods: list[PodSandbox]) -> None:
         self._record("synchronize", pods)
+        if self.fail_syncs:
+            self.fail_syncs -= 1
+            raise RuntimeError("the API server is unreachable")
 
     async def run_pod_sandbox(self, pod: PodSandbox) -> None:
         self._record("run", pod)
@@ -202,12 +206,13 @@ async def test_registers_and_synchronize_delivers_the_pods_the_runtime_knows(run
     assert synced == {"event": "synchronized", "pods": ["uid-a", "uid-b"], "error": ""}
     assert recorder.syncs() == [[PYPOD_A, PYPOD_B]]
     assert plugin.connected
+    assert (await runtime.next_event("connected"))["plugin"] == "10-topo-device-plugin"
 
 
 async def test_pod_sandbox_events_reach_the_handler_in_order(runtime, plugin, recorder):
     await runtime.command("add_pod", pod=POD_A)
     await plugin.start()
-    await runtime.next_event("synchronized")
+    await runtime.next_event("connected")  # synchronized, and the events go to it
 
     assert await runtime.command("run_pod", id="sandbox-a") == ""
     assert await runtime.command("stop_pod", id="sandbox-a") == ""
@@ -220,7 +225,7 @@ async def test_a_handler_error_is_the_runtimes_error_and_the_plugin_stays_connec
     await runtime.command("add_pod", pod=POD_B)
     recorder.fail.add("trainer-0")
     await plugin.start()
-    await runtime.next_event("synchronized")
+    await runtime.next_event("connected")  # synchronized, and the events go to it
 
     error = await runtime.command("run_pod", id="sandbox-a")
     # What containerd would fail RunPodSandbox with: our plugin, the event, the pod and the reason.
@@ -247,12 +252,29 @@ async def test_a_runtime_restart_reconnects_and_synchronizes_again(runtime_binar
         synced = await second.next_event("synchronized")
         assert synced == {"event": "synchronized", "pods": ["uid-b"], "error": ""}
         assert recorder.syncs() == [[PYPOD_A], [PYPOD_B]]
+        await second.next_event("connected")
         # Events flow on the new connection.
         assert await second.command("run_pod", id="sandbox-b") == ""
         assert recorder.calls[-1] == ("run", PYPOD_B)
         assert plugin.connected and plugin.sessions == 2
     finally:
         await second.close()
+
+
+async def test_a_failed_synchronize_is_reported_then_retried_on_a_new_connection(runtime, plugin, recorder):
+    """containerd keeps a plugin whose Synchronize failed connected but sends it nothing: we hang up and retry."""
+    await runtime.command("add_pod", pod=POD_A)
+    recorder.fail_syncs = 1
+    await plugin.start()
+    failed = await runtime.next_event("synchronized")
+    assert "Synchronize of 1 pods: the API server is unreachable" in failed["error"]
+    await runtime.next_event("registered")  # the plugin came back
+    again = await runtime.next_event("synchronized")
+    assert again == {"event": "synchronized", "pods": ["uid-a"], "error": ""}
+    assert recorder.syncs() == [[PYPOD_A], [PYPOD_A]] and plugin.connected
+    await runtime.next_event("connected")
+    assert await runtime.command("run_pod", id="sandbox-a") == ""
+    assert recorder.calls[-1] == ("run", PYPOD_A)
 
 
 async def test_a_plugin_started_before_the_runtime_connects_when_the_socket_appears(
@@ -284,7 +306,7 @@ async def test_a_synchronize_split_over_several_messages_reaches_the_handler_who
 
 async def test_stop_closes_the_connection_and_the_runtime_sees_it(runtime, plugin):
     await plugin.start()
-    await runtime.next_event("synchronized")
+    await runtime.next_event("connected")  # synchronized, and the events go to it
     await plugin.stop()
     assert (await runtime.next_event("closed"))["plugin"] == "10-topo-device-plugin"
     assert not plugin.connected
