@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from plugin.api.nri.v1alpha1 import api_pb2 as nri
+from plugin.errors import InputError
 from plugin.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Multiplexer
 from plugin.nri.ttrpc import Code, Endpoint, StatusError
 from plugin.watch.health import Backoff
@@ -90,6 +91,12 @@ class NriPlugin:
 
     def __init__(self, socket_path: str, handler: PodSandboxHandler, *, name: str = "topo-device-plugin",
                  index: str = "10", backoff: Backoff | None = None):
+        # Checked here, as the runtime does at RegisterPlugin: a bad one would be refused on every retry.
+        if not name:
+            raise InputError("NRI plugin name is empty: give the plugin a name (containerd lists it as INDEX-NAME)")
+        if len(index) != 2 or not index.isascii() or not index.isdigit():
+            raise InputError(f"NRI plugin index {index!r} is invalid: it must be two digits, e.g. '10' "
+                             "(NRI orders plugins by it)")
         self.socket_path = socket_path
         self.handler = handler
         self.name = name
@@ -98,9 +105,6 @@ class NriPlugin:
         self._task: asyncio.Task[None] | None = None
         self._connected = False
         self._sync_parts: list[nri.PodSandbox] = []
-        #: Set when the handler's synchronize failed: the runtime then keeps the connection but sends
-        #: no events, so the session hangs up and the plugin registers again after a backoff.
-        self._sync_failed = asyncio.Event()
         #: Completed connections (registered and synchronized), for logs and tests.
         self.sessions = 0
 
@@ -158,22 +162,15 @@ class NriPlugin:
         try:
             async with asyncio.TaskGroup() as tg:
                 mux_task = tg.create_task(mux.run())
-                sync_failed = tg.create_task(self._sync_failed.wait())
                 tg.create_task(server.run())
                 tg.create_task(client.run())
                 req = nri.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
                 await client.call(RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(),
                                   timeout=REGISTER_TIMEOUT_S)
                 log.info("NRI plugin %s-%s registered on %s", self.index, self.name, self.socket_path)
-                await asyncio.wait([mux_task, sync_failed], return_when=asyncio.FIRST_COMPLETED)
-                sync_failed.cancel()
-                if not mux_task.done():
-                    # Our error answer is already in the socket's buffer; closing sends it first.
-                    log.warning("NRI plugin %s hangs up to synchronize again later", self.name)
-                    mux.close()
+                await mux_task
         finally:
             mux.close()
-            self._sync_failed.clear()
         log.info("NRI connection on %s closed", self.socket_path)
 
     async def _serve(self, service: str, method: str, payload: bytes) -> bytes:
@@ -201,8 +198,9 @@ class NriPlugin:
         try:
             await self.handler.synchronize(pods)
         except Exception as exc:
+            # The runtime closes the connection on this answer; we register again after a backoff
+            # and get a fresh Synchronize then.
             log.warning("NRI synchronize handler failed for %d pods: %s", len(pods), exc)
-            self._sync_failed.set()
             raise StatusError(Code.UNKNOWN, f"{self.name}: Synchronize of {len(pods)} pods: {exc}") from exc
         self._connected = True
         self.sessions += 1

@@ -262,7 +262,7 @@ async def test_a_runtime_restart_reconnects_and_synchronizes_again(runtime_binar
 
 
 async def test_a_failed_synchronize_is_reported_then_retried_on_a_new_connection(runtime, plugin, recorder):
-    """containerd keeps a plugin whose Synchronize failed connected but sends it nothing: we hang up and retry."""
+    """NRI drops a plugin whose Synchronize failed; the plugin registers again and gets a fresh Synchronize."""
     await runtime.command("add_pod", pod=POD_A)
     recorder.fail_syncs = 1
     await plugin.start()
