@@ -16,117 +16,29 @@ Without a Go toolchain the tests skip and say why; TOPO_DP_REQUIRE_NRI_TOOLS=1
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from topo_testkit.nri_runtime import Runtime, build
 
 from plugin.nri import NriPlugin, PodSandbox
 from plugin.watch.health import Backoff
-
-BUILD = Path(__file__).resolve().parents[1] / "support" / "nri_runtime" / "build.sh"
-#: Generous safety net for one expected event on a busy 2-core machine; never a timing assertion.
-WAIT_S = 60.0
 
 pytestmark = pytest.mark.timeout(900)  # a cold Go build runs inside the first test
 
 
 @pytest.fixture(scope="module")
 def runtime_binary() -> str:
-    proc = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True)
-    if proc.returncode == 0 and proc.stdout.strip():
-        return proc.stdout.strip().splitlines()[-1]
-    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-    reason = f"cannot build nri-runtime ({BUILD} exited {proc.returncode}):\n{tail}"
+    binary, reason = build()
+    if binary:
+        return binary
     print(reason, file=sys.stderr)
     if os.environ.get("TOPO_DP_REQUIRE_NRI_TOOLS") == "1":
         pytest.fail(reason)
     pytest.skip(reason)
-
-
-class Runtime:
-    """The Go NRI runtime as a subprocess: commands in, replies and events out, in order."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path):
-        self.proc = proc
-        self.log_path = log_path
-        self.lines: list[dict[str, Any]] = []
-        self._seen = 0  # lines already handed to a waiter
-        self._changed = asyncio.Condition()
-        self._pump = asyncio.create_task(self._read())
-
-    @classmethod
-    async def start(cls, binary: str, socket_path: str, pods: list[dict[str, Any]] | None = None) -> Runtime:
-        """A runtime listening on `socket_path`, knowing `pods` from the start (as after a restart)."""
-        log_path = Path(socket_path).parent / f"runtime-{os.urandom(4).hex()}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(binary, "-socket", socket_path, "-pods", json.dumps(pods or []),
-                                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-        rt = cls(proc, log_path)
-        await rt.next_event("listening")
-        return rt
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for raw in self.proc.stdout:
-            async with self._changed:
-                self.lines.append(json.loads(raw))
-                self._changed.notify_all()
-
-    async def _next(self, pred: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
-        """The first line after the last one returned that satisfies `pred`."""
-        async def find() -> dict[str, Any]:
-            async with self._changed:
-                while True:
-                    for i in range(self._seen, len(self.lines)):
-                        if pred(self.lines[i]):
-                            self._seen = i + 1
-                            return self.lines[i]
-                    if self.proc.returncode is not None or self._pump.done():
-                        raise AssertionError(f"nri-runtime exited waiting for {what}; it said {self.lines}\n"
-                                             f"{self.log()}")
-                    await self._changed.wait()
-
-        try:
-            return await asyncio.wait_for(find(), WAIT_S)
-        except TimeoutError:
-            raise AssertionError(f"no {what} from nri-runtime; it said {self.lines}\n{self.log()}") from None
-
-    def log(self) -> str:
-        """What NRI's runtime logged (stderr)."""
-        return self.log_path.read_text(errors="replace")
-
-    async def next_event(self, name: str) -> dict[str, Any]:
-        return await self._next(lambda line: line.get("event") == name, f"event {name!r}")
-
-    async def command(self, cmd: str, **fields: Any) -> str:
-        """Send a command; the error the runtime got doing it ("" for none)."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps({"cmd": cmd, **fields}) + "\n").encode())
-        await self.proc.stdin.drain()
-        reply = await self._next(lambda line: line.get("reply") == cmd, f"reply to {cmd}")
-        return reply["error"]
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line.get("event") == name]
-
-    async def close(self) -> None:
-        if self.proc.returncode is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(b'{"cmd": "quit"}\n')
-            self.proc.stdin.close()
-            try:
-                await asyncio.wait_for(self.proc.wait(), WAIT_S)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        await self._pump
 
 
 class Recorder:

@@ -11,8 +11,9 @@
 //	{"cmd": "run_pod" | "stop_pod" | "remove_pod", "id": POD_ID}          relay that event to the plugins
 //	{"cmd": "quit"}                                                        stop and exit (a runtime restart is: quit, start a new process)
 //
-// stdout, one JSON object a line: {"reply": CMD, "error": "..."} for every
-// command, in order; {"event": "registered", "plugin": "IDX-NAME"} when a plugin's
+// stdout, one JSON object a line: {"reply": CMD, "error": "...", "us": N} for every
+// command, in order (us: microseconds the runtime spent on it, the plugins' round trips
+// included); {"event": "registered", "plugin": "IDX-NAME"} when a plugin's
 // RegisterPlugin call is accepted; {"event": "synchronized", "pods": [UID...], "error": "..."}
 // each time a connected plugin has been configured and synchronized; {"event": "connected",
 // "plugin": ...} once the runtime has added it to the plugins its events go to; {"event": "closed",
@@ -30,6 +31,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
@@ -242,8 +244,10 @@ func main() {
 		if c.Cmd == "quit" {
 			break
 		}
+		start := time.Now()
 		err := r.handle(ctx, c)
-		r.emit(map[string]any{"reply": c.Cmd, "id": c.ID, "error": errText(err)})
+		us := time.Since(start).Microseconds()
+		r.emit(map[string]any{"reply": c.Cmd, "id": c.ID, "error": errText(err), "us": us})
 	}
 	r.nri.Stop()
 }
