@@ -45,7 +45,8 @@ def dra_factory(settings: Settings) -> DraFactory:
             raise RuntimeFailure(f"DRA mode cannot reach the API server: {e} (fix: run in a pod with a service "
                                  "account token, or set KUBECONFIG)") from None
         return DraDriver(DraOptions(slices, kubelet_root=v["kubelet_root_dir"], cdi_root=v["cdi_spec_dir"],
-                                    instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"]),
+                                    instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"],
+                                    nccl_env=bool(v["nccl_env"])),
                          api, owns_api=True)
 
     return make

@@ -41,6 +41,7 @@ from allocator.topology import Device, DeviceKind
 
 from ..model.cdi import CdiOptions, CdiSpecWriter, claim_spec
 from ..model.cdi.writer import CdiWriteError
+from ..model.nccl_env import Weight, nccl_env
 from ..errors import RuntimeFailure, shorten
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,19 @@ class ClaimCdi(Protocol):
         """Write the claim's spec; `devices` are (slice device name, Device); returns CDI IDs per device."""
         ...
 
+    def claim_env(self, devices: Sequence[Device]) -> list[str]:
+        """The NCCL hint of a claim's devices (`KEY=VALUE`; none without `nccl_weight`).
+
+        The claim holds the GPUs and the NICs together, so its NICs are ordered by their GPU partners
+        (`PIX`, the same `pcieSwitch`, first). A NIC's interface is named by its host netdev: the NIC
+        keeps that name in the pod unless its claim's configuration renames it.
+        """
+        if self.nccl_weight is None:
+            return []
+        gpus = [d for d in devices if d.kind is DeviceKind.GPU]
+        nics = [d for d in devices if d.kind is DeviceKind.NIC]
+        return [f"{k}={v}" for k, v in nccl_env(gpus, nics, self.nccl_weight).items()]
+
     def remove_claim_spec(self, claim_uid: str) -> None: ...
 
 
@@ -102,8 +116,12 @@ def device_env(name: str, d: Device) -> list[str]:
 class ClaimSpecs:
     """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.model.cdi`."""
 
-    def __init__(self, cdi_root: str, driver: str = "topo.dev", options: CdiOptions | None = None):
+    def __init__(self, cdi_root: str, driver: str = "topo.dev", options: CdiOptions | None = None,
+                 nccl_weight: Weight | None = None):
         self.kind = f"{driver}/claim"
+        #: With `--nccl-env`: the GPU–NIC pairing weight the claim's NCCL hint orders its NICs by
+        #: (`plugin.model.nccl_env`; the driver gives `allocator.pairing.pair_weight` on its topology).
+        self.nccl_weight = nccl_weight
         self._prefix = f"{driver}-claim_"
         # The writer only accepts names starting with "<its prefix>.": the driver's first label.
         self.writer = CdiSpecWriter(cdi_root, vendor_prefix=driver.split(".", 1)[0])
@@ -118,12 +136,26 @@ class ClaimSpecs:
     def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]]) -> list[list[str]]:
         check_claim_uid(claim_uid)
         named = [(f"{claim_uid}-{name}", d) for name, d in devices]
-        spec = claim_spec(self.kind, named, self.options, [device_env(name, d) for name, d in devices])
+        spec = claim_spec(self.kind, named, self.options, [device_env(name, d) for name, d in devices],
+                          self.claim_env([d for _, d in devices]))
         try:
             self.writer.write(spec, self.file_name(claim_uid))
         except CdiWriteError as e:
             raise _dir_error(e) from None
         return [[spec.qualified(n)] for n, _ in named]
+
+    def claim_env(self, devices: Sequence[Device]) -> list[str]:
+        """The NCCL hint of a claim's devices (`KEY=VALUE`; none without `nccl_weight`).
+
+        The claim holds the GPUs and the NICs together, so its NICs are ordered by their GPU partners
+        (`PIX`, the same `pcieSwitch`, first). A NIC's interface is named by its host netdev: the NIC
+        keeps that name in the pod unless its claim's configuration renames it.
+        """
+        if self.nccl_weight is None:
+            return []
+        gpus = [d for d in devices if d.kind is DeviceKind.GPU]
+        nics = [d for d in devices if d.kind is DeviceKind.NIC]
+        return [f"{k}={v}" for k, v in nccl_env(gpus, nics, self.nccl_weight).items()]
 
     def remove_claim_spec(self, claim_uid: str) -> None:
         check_claim_uid(claim_uid)
