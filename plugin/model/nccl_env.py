@@ -14,7 +14,9 @@ an `NCCL_IB_HCA` entry may add `:<port>`:
   on port 1 (mlx5 gives each PCI function a device of its own with one port;
   discovery reads that port, `plugin.sources.sysfs_nics`);
 - `NCCL_SOCKET_IFNAME=` the NICs with a netdev and no RDMA device (plain
-  Ethernet: NCCL's socket transport), by the name the container sees.
+  Ethernet: NCCL's socket transport), by their netdev name on the host: the
+  name in the pod with host networking and for a NIC the DRA path moves
+  without renaming it (docs/networking.md, "NCCL hints").
 A container with no GPU or no NIC gets nothing, and a key without a NIC of
 its kind is left out.
 
@@ -33,7 +35,7 @@ and the DRA side (`plugin.dra.cdi`) give it the devices and a weight.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from allocator.pairing import Matching
 from allocator.topology import Device, DeviceKind
@@ -81,18 +83,16 @@ def nic_order(gpus: Sequence[Device], nics: Sequence[Device], weight: Weight) ->
     return paired + [n for n in cols if n.name not in taken]
 
 
-def nccl_env(gpus: Sequence[Device], nics: Sequence[Device], weight: Weight,
-             pod_names: Mapping[str, str] | None = None) -> dict[str, str]:
+def nccl_env(gpus: Sequence[Device], nics: Sequence[Device], weight: Weight) -> dict[str, str]:
     """`NCCL_IB_HCA` and `NCCL_SOCKET_IFNAME` for a container with `gpus` and `nics` (module doc).
 
-    `pod_names` maps a NIC's device name to the interface name the container sees when it is not
-    the host's netdev name (a NIC moved into the pod's network namespace under another name).
+    Interfaces are named by the NIC's netdev on the host (docs/networking.md says where the pod's
+    name differs).
     """
     real_gpus = [g for g in gpus if g.kind is DeviceKind.GPU]
     real_nics = [n for n in nics if n.kind is DeviceKind.NIC]
     if not real_gpus or not real_nics:
         return {}
-    names = pod_names or {}
     hcas: list[str] = []
     ifnames: list[str] = []
     for n in nic_order(real_gpus, real_nics, weight):
@@ -100,7 +100,7 @@ def nccl_env(gpus: Sequence[Device], nics: Sequence[Device], weight: Weight,
         if rdma:
             hcas.append(f"{rdma}:{RDMA_PORT}")
             continue
-        ifname = names.get(n.name) or n.attributes.get("netdev", "")
+        ifname = n.attributes.get("netdev", "")
         if ifname:
             ifnames.append(ifname)
     env: dict[str, str] = {}
