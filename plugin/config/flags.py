@@ -211,9 +211,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("pairing_window_ms", "GPU-NIC pairing: a GetPreferredAllocation is paired with the Allocates of the "
            "container's other resources that came at most this long before; 0 turns pairing off.",
            kind="number", default=1000.0, target=R, zero_ok=True, maximum=60000.0),
-    Option("nccl_env", "Tell NCCL which NICs are the container's: NCCL_IB_HCA (RDMA devices) and NCCL_SOCKET_IFNAME "
-           "(netdevs without RDMA) listing its NICs, each GPU's paired NIC first, in Allocate answers and DRA claims' "
-           "CDI specs (the DRA driver reads it at start; docs/networking.md).", kind="bool", default=False, target=R),
     Option("nic_resource_name", "Resource name for NICs when the config defines no NIC pools.",
            kind="resource-name", default="topo.dev/nic", target=R),
     Option("nic_allocation_policy", "NIC policy when the config defines no NIC pools.", kind="choice",
@@ -269,6 +266,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("pod_resources", "Check pairing partners against the kubelet's pod-resources API (List on "
            "<kubelet-root-dir>/pod-resources/kubelet.sock); quietly off while the socket is missing.",
            kind="bool", default=False, commands=SERVE, target=S),
+    Option("nccl_env", "Tell NCCL which NICs are the container's: NCCL_IB_HCA (RDMA devices) and NCCL_SOCKET_IFNAME "
+           "(netdevs without RDMA) listing its NICs, each GPU's paired NIC first, in Allocate answers and DRA claims' "
+           "CDI specs (the DRA driver reads it at start; docs/networking.md).", kind="bool", default=False, target=R),
     Option("log_level", "Log level.", kind="choice", default="info", choices=LOG_LEVELS,
            commands=frozenset({"serve", "demo"}), command_defaults={"demo": "warning"}, target=L),
     Option("log_format", "Log format.", kind="choice", default="text", choices=("text", "json"), commands=SERVE, target=L),

@@ -34,14 +34,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from allocator.topology import Device, DeviceKind
+from allocator.pairing import pair_weight
+from allocator.topology import Device, DeviceKind, NodeTopology
 
 from ..model.cdi import CdiOptions, CdiSpecWriter, claim_spec
 from ..model.cdi.writer import CdiWriteError
-from ..model.nccl_env import Weight, nccl_env
+from ..model.nccl_env import nccl_env
 from ..errors import RuntimeFailure, shorten
 
 log = logging.getLogger(__name__)
@@ -80,19 +81,6 @@ class ClaimCdi(Protocol):
         """Write the claim's spec; `devices` are (slice device name, Device); returns CDI IDs per device."""
         ...
 
-    def claim_env(self, devices: Sequence[Device]) -> list[str]:
-        """The NCCL hint of a claim's devices (`KEY=VALUE`; none without `nccl_weight`).
-
-        The claim holds the GPUs and the NICs together, so its NICs are ordered by their GPU partners
-        (`PIX`, the same `pcieSwitch`, first). A NIC's interface is named by its host netdev: the NIC
-        keeps that name in the pod unless its claim's configuration renames it.
-        """
-        if self.nccl_weight is None:
-            return []
-        gpus = [d for d in devices if d.kind is DeviceKind.GPU]
-        nics = [d for d in devices if d.kind is DeviceKind.NIC]
-        return [f"{k}={v}" for k, v in nccl_env(gpus, nics, self.nccl_weight).items()]
-
     def remove_claim_spec(self, claim_uid: str) -> None: ...
 
 
@@ -117,11 +105,10 @@ class ClaimSpecs:
     """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.model.cdi`."""
 
     def __init__(self, cdi_root: str, driver: str = "topo.dev", options: CdiOptions | None = None,
-                 nccl_weight: Weight | None = None):
+                 nccl_topology: Callable[[], NodeTopology] | None = None):
         self.kind = f"{driver}/claim"
-        #: With `--nccl-env`: the GPU–NIC pairing weight the claim's NCCL hint orders its NICs by
-        #: (`plugin.model.nccl_env`; the driver gives `allocator.pairing.pair_weight` on its topology).
-        self.nccl_weight = nccl_weight
+        #: With `--nccl-env`: the node's topology, whose GPU–NIC pairing weights order the claim's NCCL hint.
+        self.nccl_topology = nccl_topology
         self._prefix = f"{driver}-claim_"
         # The writer only accepts names starting with "<its prefix>.": the driver's first label.
         self.writer = CdiSpecWriter(cdi_root, vendor_prefix=driver.split(".", 1)[0])
@@ -145,17 +132,19 @@ class ClaimSpecs:
         return [[spec.qualified(n)] for n, _ in named]
 
     def claim_env(self, devices: Sequence[Device]) -> list[str]:
-        """The NCCL hint of a claim's devices (`KEY=VALUE`; none without `nccl_weight`).
+        """The NCCL hint of a claim's devices as `KEY=VALUE` (none without `nccl_topology`).
 
         The claim holds the GPUs and the NICs together, so its NICs are ordered by their GPU partners
-        (`PIX`, the same `pcieSwitch`, first). A NIC's interface is named by its host netdev: the NIC
-        keeps that name in the pod unless its claim's configuration renames it.
+        (`allocator.pairing.pair_weight`: the same `pcieSwitch` or complex first). A NIC's interface is
+        named by its host netdev, the name it keeps in the pod unless the claim's configuration renames it.
         """
-        if self.nccl_weight is None:
+        if self.nccl_topology is None:
             return []
+        topology = self.nccl_topology()
         gpus = [d for d in devices if d.kind is DeviceKind.GPU]
         nics = [d for d in devices if d.kind is DeviceKind.NIC]
-        return [f"{k}={v}" for k, v in nccl_env(gpus, nics, self.nccl_weight).items()]
+        env = nccl_env(gpus, nics, lambda g, n: pair_weight(topology, g, n))
+        return [f"{k}={v}" for k, v in env.items()]
 
     def remove_claim_spec(self, claim_uid: str) -> None:
         check_claim_uid(claim_uid)

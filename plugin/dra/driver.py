@@ -32,8 +32,7 @@ from typing import Any
 
 import grpc
 
-from allocator.pairing import pair_weight
-from allocator.topology import Device, NodeTopology
+from allocator.topology import NodeTopology
 
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ..model.cdi import CdiOptions
@@ -64,14 +63,14 @@ class DraOptions:
     resync_s: float = 60.0
     #: Where this process sees the host's /dev (device numbers for the CDI specs; `--dev-root`).
     dev_root: str = "/dev"
+    #: Put the NCCL hint (NCCL_IB_HCA / NCCL_SOCKET_IFNAME) in each claim's CDI spec (`--nccl-env`).
+    nccl_env: bool = False
     #: Batch size, reads in flight and the read bound of NodePrepareResources (plugin/dra/prepare.py).
     prepare_limits: PrepareLimits = PrepareLimits()
     #: Seconds in-flight kubelet calls get to finish on stop before they are cancelled.
     stop_grace_s: float = 1.0
     #: Seconds between repeats of the device health list on the kubelet's DRAResourceHealth stream.
     health_heartbeat_s: float = 10.0
-    #: Put the NCCL hint (NCCL_IB_HCA / NCCL_SOCKET_IFNAME) in each claim's CDI spec (`--nccl-env`).
-    nccl_env: bool = False
 
     @property
     def driver_name(self) -> str:
@@ -101,7 +100,7 @@ class DraDriver:
         self.checkpoint = ClaimCheckpoint(self.paths.checkpoint, self.paths.lock, options.driver_name)
         self.cdi = cdi or ClaimSpecs(options.cdi_root, options.driver_name,
                                      CdiOptions(spec_dir=options.cdi_root, dev_root=options.dev_root),
-                                     nccl_weight=self._pair_weight if options.nccl_env else None)
+                                     nccl_topology=(lambda: self.topology) if options.nccl_env else None)
         #: Close the API client on stop (the daemon hands the driver a client of its own).
         self.owns_api = owns_api
         self.publisher = SlicePublisher(api, options.slices, resync_s=options.resync_s)
@@ -118,10 +117,6 @@ class DraDriver:
         if self._topology is None:
             raise RuntimeError("the DRA driver has not been started")
         return self._topology
-
-    def _pair_weight(self, gpu: Device, nic: Device) -> int:
-        """The pairing weight of two of the node's devices on the current topology (the NCCL hint's order)."""
-        return pair_weight(self.topology, gpu, nic)
 
     def _on_registered(self, registered: bool, error: str) -> None:
         if registered:
