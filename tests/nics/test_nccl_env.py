@@ -17,12 +17,13 @@ import asyncio
 import contextlib
 import random
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
 from plugin.model.gpu_allocate import GpuAllocateOptions
 from plugin.model.resources import ResourceOptions
+from plugin.runtime.changes import ConfigReload
 from plugin.runtime.daemon import Daemon, DaemonOptions
 from plugin.sources.hardware import hardware_source_from_options
 from plugin.sources.udev_hotplug import UdevUnavailable
@@ -66,6 +67,7 @@ class RecordingDeviceManager(StandinDeviceManager):
     """The walk, keeping each Allocate answer's environment per (pod, container)."""
 
     answers: dict[tuple[str, str], list[tuple[str, dict[str, str]]]] = field(default_factory=dict)
+    daemon: Daemon | None = None
 
     async def _allocate(self, res: str, pod: str, container: str, ids: list[str]) -> None:
         resp = await self.kubelet.allocate(res, ids)
@@ -89,7 +91,8 @@ def plugin_dir():
 
 
 @contextlib.asynccontextmanager
-async def serving(node: GeneratedNode, plugin_dir: str, nccl_env: bool, clock: Clock | None = None):
+async def serving(node: GeneratedNode, plugin_dir: str, nccl_env: bool, clock: Clock | None = None,
+                  reloaded_nccl_env: bool | None = None):
     source = hardware_source_from_options(
         sysfs_root=node.sysfs_root, dev_root=node.dev_root, proc_root=node.proc_root, nvml=fake_nvml(node),
         node_name=node.spec.name, monitor_factory=no_udev)
@@ -97,12 +100,14 @@ async def serving(node: GeneratedNode, plugin_dir: str, nccl_env: bool, clock: C
                               pairing_window_s=WINDOW_S, nccl_env=nccl_env)
     kubelet = KubeletStandin(plugin_dir)
     await kubelet.start()
-    daemon = Daemon(source, DaemonOptions(plugin_dir=plugin_dir), options, clock=clock or Clock())
+    reloaded = replace(options, nccl_env=reloaded_nccl_env) if reloaded_nccl_env is not None else None
+    daemon = Daemon(source, DaemonOptions(plugin_dir=plugin_dir), options, clock=clock or Clock(),
+                    reload_resources=(lambda: reloaded) if reloaded is not None else None)
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop, install_signals=False))
     try:
         await kubelet.wait_for(lambda: all(kubelet.devices(r) for r in (GPU, NIC)), timeout=20)
-        yield RecordingDeviceManager(kubelet, random.Random(7), shuffle_resources=False)
+        yield RecordingDeviceManager(kubelet, random.Random(7), shuffle_resources=False, daemon=daemon)
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 30) == 0
@@ -172,3 +177,15 @@ async def test_gpus_without_nics_and_nics_without_gpus_get_no_hint(plugin_dir, t
         await dm.admit(pod("both", {GPU: 1, NIC: 1}, names=("c",)))
     assert dm.nccl("gpus") == dm.nccl("nics") == {}
     assert dm.nccl("both")  # the control: GPUs and NICs in one container do get it
+
+
+async def test_a_config_reload_applies_the_option_to_later_containers(plugin_dir, tmp_path):
+    node = write_node(dgx_h100_node(), str(tmp_path / "node"))
+    async with serving(node, plugin_dir, nccl_env=False, reloaded_nccl_env=True) as dm:
+        got = (await dm.admit(pod("before", {GPU: 1, NIC: 1}, names=("c",))))["c"]
+        assert dm.daemon is not None
+        dm.daemon.changes.submit(ConfigReload("test"))
+        await asyncio.wait_for(dm.daemon.changes.idle(), 30)
+        later = (await dm.admit(pod("after", {NIC: 1, GPU: 1}, names=("c",))))["c"]
+    assert dm.nccl("before") == {} and expected_hint(node, *bdfs(node, got))
+    assert dm.nccl("after") == expected_hint(node, *bdfs(node, later)) != {}
