@@ -172,7 +172,6 @@ class PairingService:
             return ()
         return tuple(Pair(d, p, w) for d, p, w in self.index.match(resource, list(ids), before))
 
-
     def nccl_env_for(self, resource: str) -> dict[str, str]:
         """The NCCL variables to add to the answer of the `Allocate` of `resource` just recorded by
         `on_allocate`: those of the group's GPUs and NICs not given to this group yet (module doc)."""
