@@ -27,6 +27,20 @@ query, in flight or done, so a burst of paired requests costs the kubelet
 one call (its pod-resources rate limit is 100/s, burst 10) and the daemon one
 decode. A request cancelled by its deadline never cancels the shared query.
 
+NCCL hints (`--nccl-env`, `nccl_env` true): `nccl_env_for(resource)`, called
+right after `on_allocate` for the same container request, returns the
+`NCCL_IB_HCA` / `NCCL_SOCKET_IFNAME` (`plugin.model.nccl_env`) of the
+container's group once it holds GPUs and NICs, to be added to that
+`Allocate`'s answer. The kubelet walks a container's resources in no fixed
+order, so whichever of the GPU and NIC `Allocate`s comes second carries the
+hint (it is the first call that knows both). Each variable is given once per
+group: the kubelet merges a container's answers keeping the first value of a
+variable set twice (devicemanager `deviceRunContainerOptions`, over a map, so
+"first" is arbitrary) and logs a conflict, so a later `Allocate` of the same
+group (a second NIC pool) never sets it again with another value. The hint
+knows exactly what pairing knows: the call-sequence group, a guess that holds
+in the kubelet's own sequence (`plugin.allocation.pairing_groups`).
+
 Metrics (`topo_dp_pairs_total`, `topo_dp_pair_links_total`): every `Allocate`
 that joins a group holding devices of the other kind completes pairs, the
 best one-to-one GPU–NIC matching between its devices and the group's; each
@@ -47,7 +61,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from allocator.pairing import NO_PARTNERS, PairingIndex, Partners, pair_label
-from allocator.topology import NodeTopology
+from allocator.topology import Device, DeviceKind, NodeTopology
+
+from ..model.nccl_env import nccl_env
 
 from .pairing_groups import DEFAULT_PAIRING_WINDOW_S, PairingGroups
 from .pod_resources import Holdings, PodResourcesReader, drop_stale
@@ -71,7 +87,7 @@ class Pair:
 
 class PairingService:
     def __init__(self, window_s: float = DEFAULT_PAIRING_WINDOW_S, clock: Callable[[], float] = time.monotonic,
-                 pod_resources: PodResourcesReader | None = None):
+                 pod_resources: PodResourcesReader | None = None, nccl_env: bool = False):
         self._window_s = 0.0
         self.groups = PairingGroups(DEFAULT_PAIRING_WINDOW_S, clock)
         self.index = PairingIndex({}, {})
@@ -80,6 +96,12 @@ class PairingService:
         self._allocates = 0
         #: The pod-resources query of one group state: (`_allocates` when it started, the query).
         self._query: tuple[int, asyncio.Task] | None = None
+        #: Give containers NCCL hints (`--nccl-env`); set by the daemon with the resources.
+        self.nccl_env = nccl_env
+        #: resource -> {plugin ID: device}, for the hints (set with the index).
+        self._devices: Mapping[str, Mapping[str, Device]] = {}
+        #: The NCCL variables already given to the open group (each is given once per group).
+        self._hinted: set[str] = set()
         self.set_window(window_s)
 
     @property
@@ -97,7 +119,10 @@ class PairingService:
 
     def rebuild(self, topology: NodeTopology, resources: Mapping[str, Iterable]) -> None:
         """New cross-resource weights for `resources` (name -> advertised devices), built here, not in an RPC."""
-        self.index = PairingIndex.build(topology, resources)
+        listed = {name: list(members) for name, members in resources.items()}
+        index = PairingIndex.build(topology, listed)
+        devices = {name: {m.id: m.device for m in members} for name, members in listed.items()}
+        self.index, self._devices = index, devices
 
     async def partners(self, resource: str) -> Partners:
         """A GetPreferredAllocation for `resource` arrived: record it and return its partners."""
@@ -141,7 +166,39 @@ class PairingService:
         before = self.groups.current()
         self.groups.on_allocate(resource, ids)
         self._allocates += 1
-        if resource in before:  # this Allocate starts the next container's group
+        if not before or resource in before:  # this Allocate starts a group (the next container's)
+            self._hinted = set()
+        if resource in before:
             return ()
         return tuple(Pair(d, p, w) for d, p, w in self.index.match(resource, list(ids), before))
 
+    def nccl_env_for(self, resource: str) -> dict[str, str]:
+        """The NCCL variables to add to the answer of the `Allocate` of `resource` just recorded by
+        `on_allocate`: those of the group's GPUs and NICs not given to this group yet (module doc)."""
+        if not self.nccl_env:
+            return {}
+        group = self.groups.current()
+        if resource not in group:
+            return {}
+        index, devices = self.index, self._devices
+        gpus: dict[str, tuple[str, str, Device]] = {}
+        nics: dict[str, tuple[str, str, Device]] = {}
+        for res, ids in group.items():
+            table = devices.get(res, {})
+            for i in ids:
+                d = table.get(i)
+                if d is not None and d.kind in (DeviceKind.GPU, DeviceKind.NIC):
+                    (gpus if d.kind is DeviceKind.GPU else nics).setdefault(d.name, (res, i, d))
+        if not gpus or not nics:
+            return {}
+        weights: dict[tuple[str, str], int] = {}
+        for g_res, g_id, g in gpus.values():
+            cross = index.cross.get((g_res, g_id), {})
+            for n_res, n_id, n in nics.values():
+                w = cross.get((n_res, n_id), 0)
+                weights[(g.name, n.name)] = max(w, weights.get((g.name, n.name), 0))
+        env = nccl_env([g for _, _, g in gpus.values()], [n for _, _, n in nics.values()],
+                       lambda g, n: weights.get((g.name, n.name), 0))
+        fresh = {k: v for k, v in env.items() if k not in self._hinted}
+        self._hinted.update(fresh)
+        return fresh

@@ -215,6 +215,7 @@ def resource_options(settings: Settings) -> ResourceOptions:
         nic_policy=v["nic_allocation_policy"],
         dev_root=v["dev_root"],
         pairing_window_s=float(v["pairing_window_ms"]) / 1000.0,
+        nccl_env=bool(v["nccl_env"]),
         mig_strategy=v["mig_strategy"],
         time_slicing=settings.config.time_slicing,
     )

@@ -59,7 +59,7 @@ def dra_factory(settings: Settings) -> DraFactory:
                                     instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"],
                                     mig_backend=backend, mig_caps=caps, real_gpus=not v["simulate"],
                                     netdev_attach=v["netdev_attach"], nri_socket=v["nri_socket"],
-                                    pod_primary_interface=v["pod_primary_interface"]),
+                                    pod_primary_interface=v["pod_primary_interface"], nccl_env=bool(v["nccl_env"])),
                          api, owns_api=True)
 
     return make

@@ -292,6 +292,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("pod_resources", "Check pairing partners against the kubelet's pod-resources API (List on "
            "<kubelet-root-dir>/pod-resources/kubelet.sock); quietly off while the socket is missing.",
            kind="bool", default=False, commands=SERVE, target=S),
+    Option("nccl_env", "Tell NCCL which NICs are the container's: NCCL_IB_HCA (RDMA devices) and NCCL_SOCKET_IFNAME "
+           "(netdevs without RDMA) listing its NICs, each GPU's paired NIC first, in Allocate answers and DRA claims' "
+           "CDI specs (the DRA driver reads it at start; docs/networking.md).", kind="bool", default=False, target=R),
     Option("log_level", "Log level.", kind="choice", default="info", choices=LOG_LEVELS,
            commands=frozenset({"serve", "demo"}), command_defaults={"demo": "warning"}, target=L),
     Option("log_format", "Log format.", kind="choice", default="text", choices=("text", "json"), commands=SERVE, target=L),

@@ -35,13 +35,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from allocator.topology import Device, DeviceKind
+from allocator.pairing import pair_weight
+from allocator.topology import Device, DeviceKind, NodeTopology
 
 from ..model.cdi import CdiOptions, CdiSpecWriter, claim_spec
 from ..model.cdi.writer import CdiWriteError
+from ..model.nccl_env import nccl_env
 from ..errors import RuntimeFailure, shorten
 
 log = logging.getLogger(__name__)
@@ -111,8 +113,11 @@ def setting_env(name: str, settings: Mapping[str, str]) -> list[str]:
 class ClaimSpecs:
     """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.model.cdi`."""
 
-    def __init__(self, cdi_root: str, driver: str = "topo.dev", options: CdiOptions | None = None):
+    def __init__(self, cdi_root: str, driver: str = "topo.dev", options: CdiOptions | None = None,
+                 nccl_topology: Callable[[], NodeTopology] | None = None):
         self.kind = f"{driver}/claim"
+        #: With `--nccl-env`: the node's topology, whose GPU–NIC pairing weights order the claim's NCCL hint.
+        self.nccl_topology = nccl_topology
         self._prefix = f"{driver}-claim_"
         # The writer only accepts names starting with "<its prefix>.": the driver's first label.
         self.writer = CdiSpecWriter(cdi_root, vendor_prefix=driver.split(".", 1)[0])
@@ -129,12 +134,27 @@ class ClaimSpecs:
         check_claim_uid(claim_uid)
         named = [(f"{claim_uid}-{name}", d) for name, d in devices]
         env = [device_env(name, d) + setting_env(name, (settings or {}).get(name, {})) for name, d in devices]
-        spec = claim_spec(self.kind, named, self.options, env)
+        spec = claim_spec(self.kind, named, self.options, env, self.claim_env([d for _, d in devices]))
         try:
             self.writer.write(spec, self.file_name(claim_uid))
         except CdiWriteError as e:
             raise _dir_error(e) from None
         return [[spec.qualified(n)] for n, _ in named]
+
+    def claim_env(self, devices: Sequence[Device]) -> list[str]:
+        """The NCCL hint of a claim's devices as `KEY=VALUE` (none without `nccl_topology`).
+
+        The claim holds the GPUs and the NICs together, so its NICs are ordered by their GPU partners
+        (`allocator.pairing.pair_weight`: the same `pcieSwitch` or complex first). A NIC's interface is
+        named by its host netdev, the name it keeps in the pod unless the claim's configuration renames it.
+        """
+        if self.nccl_topology is None:
+            return []
+        topology = self.nccl_topology()
+        gpus = [d for d in devices if d.kind is DeviceKind.GPU]
+        nics = [d for d in devices if d.kind is DeviceKind.NIC]
+        env = nccl_env(gpus, nics, lambda g, n: pair_weight(topology, g, n))
+        return [f"{k}={v}" for k, v in env.items()]
 
     def remove_claim_spec(self, claim_uid: str) -> None:
         check_claim_uid(claim_uid)

@@ -75,6 +75,8 @@ class DraOptions:
     resync_s: float = 60.0
     #: Where this process sees the host's /dev (device numbers for the CDI specs; `--dev-root`).
     dev_root: str = "/dev"
+    #: Put the NCCL hint (NCCL_IB_HCA / NCCL_SOCKET_IFNAME) in each claim's CDI spec (`--nccl-env`).
+    nccl_env: bool = False
     #: Batch size, reads in flight and the read bound of NodePrepareResources (plugin/dra/prepare.py).
     prepare_limits: PrepareLimits = PrepareLimits()
     #: Seconds in-flight kubelet calls get to finish on stop before they are cancelled.
@@ -128,7 +130,8 @@ class DraDriver:
                               options.instance_id or new_instance_id())
         self.checkpoint = ClaimCheckpoint(self.paths.checkpoint, self.paths.lock, options.driver_name)
         self.cdi = cdi or ClaimSpecs(options.cdi_root, options.driver_name,
-                                     CdiOptions(spec_dir=options.cdi_root, dev_root=options.dev_root))
+                                     CdiOptions(spec_dir=options.cdi_root, dev_root=options.dev_root),
+                                     nccl_topology=(lambda: self.topology) if options.nccl_env else None)
         #: Close the API client on stop (the daemon hands the driver a client of its own).
         self.owns_api = owns_api
         self.publisher = SlicePublisher(api, options.slices, resync_s=options.resync_s)

@@ -59,6 +59,9 @@ class ResourceOptions:
     #: The GPU–NIC pairing window in seconds (0: off). Not used to build resources: it travels with
     #: them because a config reload applies it live, as it applies them (`plugin.allocation.pairing_service`).
     pairing_window_s: float = 1.0
+    #: Give containers NCCL_IB_HCA / NCCL_SOCKET_IFNAME for their GPUs' NICs (`plugin.model.nccl_env`); like the
+    #: window, applied live with the resources, by the pairing service and the DRA driver.
+    nccl_env: bool = False
     #: NVIDIA's MIG strategy (`plugin.model.mig_strategy`).
     mig_strategy: str = "none"
     #: NVIDIA's `sharing.timeSlicing` (None: nothing is shared).

@@ -89,7 +89,8 @@ class Daemon:
         self.pairing = PairingService(
             resource_options.pairing_window_s, clock,
             pod_resources=(PodResourcesReader(options.pod_resources_socket, options.pod_resources_timeout_s)
-                           if options.pod_resources_socket else None))
+                           if options.pod_resources_socket else None),
+            nccl_env=resource_options.nccl_env)
         #: Shared by every server: one search pool, one rate-limited rejection log, the request deadline, pairing.
         self.handling = RequestHandling(SearchPool(options.search_workers),
                                         RateLimitedLog(logging.getLogger("plugin.serving.server")),
@@ -327,6 +328,9 @@ class Daemon:
         if self.pairing.window_s != self.resource_options.pairing_window_s:
             self.pairing.set_window(self.resource_options.pairing_window_s)
             log.info("pairing window changed", extra={"window_s": self.pairing.window_s})
+        if self.pairing.nccl_env != self.resource_options.nccl_env:
+            self.pairing.nccl_env = self.resource_options.nccl_env
+            log.info("NCCL hints changed", extra={"nccl_env": self.pairing.nccl_env})
         for name, server in list(self.servers.items()):
             if name not in wanted:
                 del self.servers[name]

@@ -282,9 +282,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             resp.container_responses.append(to_proto(allocation))
             self._metrics.allocated(resource.name, len(ids))
         # Only an Allocate accepted whole joins a group (why: `plugin.allocation.pairing_service`).
-        for creq in request.container_requests:
+        # The NCCL hint goes on the answer of the group's Allocate that first knows its GPUs and NICs.
+        for creq, answer in zip(request.container_requests, resp.container_responses):
             pairs = self._handling.pairing.on_allocate(resource.name, list(creq.devices_ids))
             self._metrics.paired(resource.name, [p.link for p in pairs])
+            hint = self._handling.pairing.nccl_env_for(resource.name)
+            if hint:
+                answer.envs.update(hint)
+                log.debug("NCCL hint", extra={"resource": resource.name,
+                                               "env": " ".join(f"{k}={v}" for k, v in sorted(hint.items()))})
         return resp
 
     @_refusing(api_pb2.PreStartContainerResponse)

@@ -184,13 +184,14 @@ def nic_spec(kind: str, members: Sequence[Member], options: CdiOptions) -> CdiSp
 
 
 def claim_spec(kind: str, devices: Sequence[Member], options: CdiOptions,
-               env: Sequence[Sequence[str]] = ()) -> CdiSpec:
+               env: Sequence[Sequence[str]] = (), claim_env: Sequence[str] = ()) -> CdiSpec:
     """The spec of one DRA claim: one CDI device per (slice device name, device), named as in the slice.
 
     Device edits are what the device-plugin side injects for the same device (a GPU's
     `/dev/nvidia<minor>`, a NIC's RDMA/vfio/uio nodes) plus `env[i]` of device i, so that a device
     with no node to inject (a plain netdev) still tells the container it is there; the spec-wide
-    edits are the GPU control nodes when the claim has a GPU.
+    edits are the GPU control nodes when the claim has a GPU, and `claim_env` (what concerns the claim
+    as a whole: the NCCL hint, `plugin.model.nccl_env`), given to every container that gets any of its devices.
     """
     r = options.resolver
     out = []
@@ -205,7 +206,8 @@ def claim_spec(kind: str, devices: Sequence[Member], options: CdiOptions,
         out.append(CdiDevice(device_name(name), Edits(tuple(n for n in nodes if n is not None),
                                                       tuple(env[i]) if i < len(env) else ())))
     gpus = any(d.kind in (DeviceKind.GPU, DeviceKind.MIG) for _, d in devices)
-    return CdiSpec(kind, tuple(out), _control_edits(r, options.gpu_env) if gpus else Edits())
+    shared = _control_edits(r, (*options.gpu_env, *claim_env)) if gpus else Edits((), tuple(claim_env))
+    return CdiSpec(kind, tuple(out), shared)
 
 
 def spec_for(resource_name: str, kind: DeviceKind, members: Sequence[Member], options: CdiOptions) -> CdiSpec | None:
