@@ -145,9 +145,9 @@ def _gpu_resources(topology: NodeTopology, options: ResourceOptions) -> list[Res
 def nic_id(topology: NodeTopology, device: Device, strategy: str) -> str:
     """The plugin ID of a NIC: its name, or (`pci`) its PCI address.
 
-    Why `pci`: Multus passes the device-plugin ID it finds in the kubelet's pod-resources API
-    to the delegate CNI as `runtimeConfig.deviceID` (and `pciBusID`); host-device and sriov-cni
-    look the function up as /sys/bus/pci/devices/<ID>, so only a PCI address lets them attach
+    Why `pci`: Multus writes the device-plugin ID it finds in the kubelet's pod-resources API
+    into the delegate CNI's config (`pciBusID`, `deviceID`); host-device and sriov-cni look the
+    function up as /sys/bus/pci/devices/<ID>, so only a PCI address lets them attach
     exactly the NIC Allocate named. Discovered NICs are named by their PCI address already; a
     simulated one needs `pciBusId` in the node file.
     """
