@@ -19,7 +19,8 @@ MACs of exactly the veths behind the NIC IDs the kubelet allocated (pod-resource
 container's PCIDEVICE_* and Allocate's answer in the kubelet's checkpoint all name them), and
 they are its GPUs' PIX NICs; deleting the pod returns both to the node's namespace under their
 names. The control: with NIC IDs that are names (`--nic-id-strategy name`, the default),
-host-device cannot find the device Multus names and the pod's sandbox is refused.
+host-device cannot find the device Multus names: the pod's sandbox is refused (and its DEL
+too, so such a pod cannot even be deleted cleanly), and nothing moves.
 """
 
 from __future__ import annotations
@@ -229,6 +230,8 @@ def test_with_name_ids_host_device_cannot_find_the_nic_and_nothing_moves(h100):
     message = wait_for("the sandbox of pod by-name to be refused", refused, 180)
     # Multus put the ID in host-device's config as pciBusID; host-device looked it up in sysfs.
     assert "/sys/bus/pci/devices/mlx5_" in message, message
-    remove(c, "by-name")
+    # host-device's DEL refuses the same ID, so this sandbox can never be torn down and the pod
+    # would stay Terminating: remove it from the API server (the cluster's teardown stops it).
+    c.kubectl("delete", "pod", "-n", "default", "by-name", "--grace-period=0", "--force")
     now = links(c)
     assert {v: now[v]["address"] for v in macs if v in now} == macs
