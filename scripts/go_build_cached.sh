@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Build a test-support Go program (a directory with go.mod, go.sum and *.go) once and cache it.
 #
-#   scripts/go_build_cached.sh DIR NAME     # prints the path of the binary on stdout
+#   scripts/go_build_cached.sh DIR NAME [PACKAGE]    # prints the path of the binary on stdout
+#
+# PACKAGE (default `.`, DIR's own main package) builds a program of a module DIR's go.mod
+# requires, at the version go.mod pins (a `//go:build tools` file in DIR imports it, so
+# `go mod tidy` records its dependencies in go.sum).
 #
 # The binary is keyed by a hash of DIR's go.mod, go.sum and Go sources, so an edit rebuilds it
 # and an unchanged tree reuses it at once. Binary, Go module cache and Go build cache live under
@@ -10,12 +14,13 @@
 # Exit codes: 0 ok (path printed), 3 no Go toolchain, 1 build failed, 2 usage.
 set -euo pipefail
 
-if [[ $# -ne 2 || ! -f "$1/go.mod" ]]; then
-  echo "usage: $0 DIR NAME   (DIR holds go.mod)" >&2
+if [[ $# -lt 2 || $# -gt 3 || ! -f "$1/go.mod" ]]; then
+  echo "usage: $0 DIR NAME [PACKAGE]   (DIR holds go.mod)" >&2
   exit 2
 fi
 DIR="$(cd "$1" && pwd)"
 NAME="$2"
+PACKAGE="${3:-.}"
 CACHE="${TOPO_DP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topo-device-plugin}"
 BIN_DIR="$CACHE/bin"
 
@@ -33,7 +38,7 @@ if [[ -z "$GO_BIN" ]] || ! "$GO_BIN" version >/dev/null 2>&1; then
 fi
 
 # The key covers the sources and the Go version, so an edit or a new toolchain rebuilds.
-key="$( (cd "$DIR" && cat go.mod go.sum ./*.go; "$GO_BIN" version) | sha256sum | cut -c1-16)"
+key="$( (cd "$DIR" && cat go.mod go.sum ./*.go; "$GO_BIN" version; echo "$PACKAGE") | sha256sum | cut -c1-16)"
 TARGET="$BIN_DIR/$NAME-$key"
 if [[ -x "$TARGET" ]]; then printf '%s\n' "$TARGET"; exit 0; fi
 
@@ -47,7 +52,7 @@ tmp="$TARGET.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
 if ! (cd "$DIR" && CGO_ENABLED=0 GOTOOLCHAIN=local GOMODCACHE="$CACHE/gomod" GOCACHE="$CACHE/gobuild" \
       GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath -buildvcs=false" \
-      nice -n "${NICE:-15}" "$GO_BIN" build -o "$tmp" .) >&2; then
+      nice -n "${NICE:-15}" "$GO_BIN" build -o "$tmp" "$PACKAGE") >&2; then
   log "go build failed"
   exit 1
 fi

@@ -212,6 +212,7 @@ def resource_options(settings: Settings) -> ResourceOptions:
         ),
         nic_pools=_nic_pools(settings),
         nic_resource_name=v["nic_resource_name"],
+        nic_id_strategy=v["nic_id_strategy"],
         nic_policy=v["nic_allocation_policy"],
         dev_root=v["dev_root"],
         pairing_window_s=float(v["pairing_window_ms"]) / 1000.0,

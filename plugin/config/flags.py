@@ -213,6 +213,10 @@ OPTIONS: tuple[Option, ...] = (
            kind="number", default=1000.0, target=R, zero_ok=True, maximum=60000.0),
     Option("nic_resource_name", "Resource name for NICs when the config defines no NIC pools.",
            kind="resource-name", default="topo.dev/nic", target=R),
+    Option("nic_id_strategy", "How NIC IDs are formed in device-plugin mode: name (the NIC's name: its PCI address "
+           "on discovered hardware, the node file's name on a simulated node) or pci (its PCI address, as the SR-IOV "
+           "network device plugin does: Multus hands the ID to the CNI, and host-device or sriov-cni find the "
+           "function by it; docs/nics.md).", kind="choice", default="name", choices=("name", "pci"), target=R),
     Option("nic_allocation_policy", "NIC policy when the config defines no NIC pools.", kind="choice",
            default="spread", choices=("spread", "packed"), target=R),
     Option("device_list_strategy", f"Comma list of {', '.join(DEVICE_LIST_STRATEGIES)}: how Allocate names GPUs "

@@ -32,14 +32,16 @@ from .nic_pools.pools import NicPool, default_pool
 from .resource import AllocateBuilder, Resource, ResourceDevice
 from .resource_names import check_resource_name
 from ..sources.errors import TopologyError
+from ..sources.pcie import normalize_bdf
 from .time_slicing import apply_time_slicing
 
 __all__ = [
     "AllocateBuilder", "NicPool", "Resource", "ResourceDevice", "ResourceOptions", "build_resources",
-    "check_resource_name", "gpu_id", "simulated_uuid",
+    "check_resource_name", "gpu_id", "nic_id", "simulated_uuid",
 ]
 
 ID_STRATEGIES = ("uuid", "index")
+NIC_ID_STRATEGIES = ("name", "pci")
 MIG_STRATEGIES = ("none", "single", "mixed")
 
 
@@ -53,6 +55,8 @@ class ResourceOptions:
     #: NIC pools; when empty, every NIC goes to one pool named `nic_resource_name`.
     nic_pools: tuple[NicPool, ...] = ()
     nic_resource_name: str = "topo.dev/nic"
+    #: NIC IDs: `name` (the device's name: its PCI address when discovered from sysfs) or `pci` (its PCI address).
+    nic_id_strategy: str = "name"
     nic_policy: str = "spread"
     #: Where NIC Allocate responses find device nodes (vfio, /dev/infiniband...), for the default pool.
     dev_root: str = "/dev"
@@ -72,6 +76,8 @@ class ResourceOptions:
     def __post_init__(self) -> None:
         if self.device_id_strategy not in ID_STRATEGIES:
             raise OptionError(f"device ID strategy {self.device_id_strategy!r} is not one of uuid, index")
+        if self.nic_id_strategy not in NIC_ID_STRATEGIES:
+            raise OptionError(f"NIC ID strategy {self.nic_id_strategy!r} is not one of {', '.join(NIC_ID_STRATEGIES)}")
         if self.mig_strategy not in MIG_STRATEGIES:
             raise OptionError(f"MIG strategy {self.mig_strategy!r} is not one of {', '.join(MIG_STRATEGIES)}")
         check_resource_name(self.gpu_resource_name)
@@ -102,10 +108,10 @@ def _resource(
     return Resource(name, kind, devs, policy, graph, builder, dict(policy_options or {}))
 
 
-def _unique(topology: NodeTopology, ids: list[str], what: str) -> None:
+def _unique(topology: NodeTopology, ids: list[str], what: str,
+            fix: str = "give every GPU its own uuid (or use --device-id-strategy index)") -> None:
     if len(set(ids)) != len(ids):
-        raise TopologyError(topology.source, f"{what} IDs are not unique: {', '.join(ids)}",
-                            fix="give every GPU its own uuid (or use --device-id-strategy index)")
+        raise TopologyError(topology.source, f"{what} IDs are not unique: {', '.join(ids)}", fix=fix)
 
 
 def _mig_resource(topology: NodeTopology, group: GpuGroup, options: ResourceOptions) -> Resource:
@@ -139,11 +145,36 @@ def _gpu_resources(topology: NodeTopology, options: ResourceOptions) -> list[Res
                               lambda name: GpuAllocateBuilder(options.gpu_allocate, name))
 
 
+def nic_id(topology: NodeTopology, device: Device, strategy: str) -> str:
+    """The plugin ID of a NIC: its name, or (`pci`) its PCI address.
+
+    Why `pci`: Multus writes the device-plugin ID it finds in the kubelet's pod-resources API
+    into the delegate CNI's config (`pciBusID`, `deviceID`); host-device and sriov-cni look the
+    function up as /sys/bus/pci/devices/<ID>, so only a PCI address lets them attach
+    exactly the NIC Allocate named. Discovered NICs are named by their PCI address already; a
+    simulated one needs `pciBusId` in the node file.
+    """
+    if strategy == "name":
+        return device.name
+    if not device.pci_bus_id:
+        raise TopologyError(topology.source, f"NIC {device.name} has no PCI address, which --nic-id-strategy pci "
+                                             "needs as its ID",
+                            fix=f"give {device.name} a pciBusId (e.g. pciBusId: \"0000:3b:00.0\") or use "
+                                "--nic-id-strategy name")
+    try:
+        return normalize_bdf(device.pci_bus_id)
+    except ValueError as e:
+        raise TopologyError(topology.source, f"NIC {device.name}: pciBusId {e}",
+                            fix="write it as the kernel does in /sys/bus/pci/devices, e.g. 0000:3b:00.0") from None
+
+
 def _nic_resources(topology: NodeTopology, options: ResourceOptions) -> list[Resource]:
     nics = topology.nics
     out: list[Resource] = []
     if not nics:
         return out
+    _unique(topology, [nic_id(topology, d, options.nic_id_strategy) for d in nics], "NIC",
+            fix="give every NIC its own pciBusId (or use --nic-id-strategy name)")
     pools = options.nic_pools or (default_pool(options.nic_resource_name, options.nic_policy, options.dev_root),)
     taken: set[str] = set()
     for pool in pools:
@@ -152,7 +183,8 @@ def _nic_resources(topology: NodeTopology, options: ResourceOptions) -> list[Res
             if d.name in taken or not pool.select(d):
                 continue
             taken.add(d.name)
-            members.append((d.name, d, None if pool.exclude_topology else d.numa))
+            members.append((nic_id(topology, d, options.nic_id_strategy), d,
+                            None if pool.exclude_topology else d.numa))
         if members:
             out.append(
                 _resource(topology, pool.resource_name, DeviceKind.NIC, members, pool.policy,

@@ -59,10 +59,10 @@ class NicAllocateBuilder:
         out.add_device(DeviceNode(container_path=container, host_path=host_path, permissions="rw"))
         return True
 
-    def device_info(self, out: ContainerAllocation, d: Device) -> dict[str, dict[str, str]]:
-        """Add `d`'s device nodes to `out` and return its `_INFO` entry."""
+    def device_info(self, out: ContainerAllocation, d: Device, device_id: str | None = None) -> dict[str, dict[str, str]]:
+        """Add `d`'s device nodes to `out` and return its `_INFO` entry (`generic.deviceID`: its plugin ID)."""
         a = d.attributes
-        info: dict[str, dict[str, str]] = {"generic": {"deviceID": d.name}}
+        info: dict[str, dict[str, str]] = {"generic": {"deviceID": device_id or d.name}}
         if a.get("driver", "") == "vfio-pci":
             info["vfio"] = self._vfio(out, d)
         elif a.get("uio_device"):
@@ -126,7 +126,7 @@ class NicAllocateBuilder:
         out = ContainerAllocation()
         infos: dict[str, dict[str, dict[str, str]]] = {}
         for i, d in zip(ids, devices):
-            infos[i] = self.device_info(out, d)
+            infos[i] = self.device_info(out, d, i)
         env = self.spec.env_name
         out.envs[env] = ",".join(ids)
         out.envs[env + "_INFO"] = go_json(infos)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -72,12 +72,18 @@ def build_inputs() -> dict[str, Any]:
 
 
 def start_cluster(tmp_path_factory, inputs: dict[str, Any], numa: dict[int, list[int]],
-                  distances: dict[int, list[int]], tm_policy: str, cpu_policy: str = "none") -> Iterator[Cluster]:
-    """Bring a cluster up for one module; always tear it down, also when bring-up failed."""
+                  distances: dict[int, list[int]], tm_policy: str, cpu_policy: str = "none",
+                  prepare: Callable[[Cluster], None] | None = None) -> Iterator[Cluster]:
+    """Bring a cluster up for one module; always tear it down, also when bring-up failed.
+
+    `prepare` runs on the cluster's work directory before anything starts (e.g. a CNI config
+    that containerd must find at its start)."""
     w = tmp_path_factory.mktemp("cluster")
     c = Cluster(w, inputs["bins"])
     try:
         try:
+            if prepare is not None:
+                prepare(c)
             c.up(numa, distances, tm_policy, cpu_policy, images=[inputs["image"].archive])
         except Exception as e:  # noqa: BLE001 - report with the daemons' logs
             pytest.fail(f"cluster bring-up failed: {e}\n{c.logs_tail()}")

@@ -189,6 +189,15 @@ class Sandbox:
     def containerd_sock(self) -> str:
         return str(self.w / "containerd" / "containerd.sock")
 
+    def pod_network(self) -> dict[str, Any]:
+        """The cluster's pod network (a CNI conflist): a bridge with host-local addresses."""
+        return {
+            "cniVersion": "0.4.0", "name": "topo-e2e",
+            "plugins": [{"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
+                         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                                  "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.w / "cni-ipam")}}],
+        }
+
     def start_containerd(self, cni_bin: pathlib.Path, pause_image: str, binary: str = "containerd",
                          cdi_dirs: Sequence[str] = ()) -> None:
         """containerd (Debian's, or `binary`); `cdi_dirs`: enable CDI in its CRI plugin (containerd >= 1.7)."""
@@ -197,12 +206,7 @@ class Sandbox:
         (d / "cni-bin").symlink_to(cni_bin)
         conf_dir = d / "cni-conf"
         conf_dir.mkdir(exist_ok=True)
-        (conf_dir / "10-topo-e2e.conflist").write_text(json.dumps({
-            "cniVersion": "0.4.0", "name": "topo-e2e",
-            "plugins": [{"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
-                         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
-                                  "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.w / "cni-ipam")}}],
-        }, indent=1))
+        (conf_dir / "10-topo-e2e.conflist").write_text(json.dumps(self.pod_network(), indent=1))
         cfg = d / "config.toml"
         text = CONTAINERD_CONFIG.format(root=d / "root", state=d / "state", sock=self.containerd_sock,
                                         pause=pause_image, w=d)
