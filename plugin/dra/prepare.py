@@ -49,6 +49,7 @@ recorded, so the kubelet's retry finds it).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -278,8 +279,11 @@ class ClaimPreparer:
                 if self.mig is not None:
                     allocated = self.mig.prepare(ref.uid, allocated)
                     devices = {name: dev for name, dev, _ in allocated}
-                # One CDI device per device, however many shares of it the claim holds.
-                cdi_ids = dict(zip(devices, self.cdi.write_claim_spec(ref.uid, list(devices.items()),
+                # One CDI device per device, however many shares of it the claim holds. A NIC that moves into
+                # the pod is named there as its NicConfig says: its env (and the NCCL hint) give that name.
+                in_pod = {name: _renamed(dev, networks[name].pod_name) if name in networks else dev
+                          for name, dev in devices.items()}
+                cdi_ids = dict(zip(devices, self.cdi.write_claim_spec(ref.uid, list(in_pod.items()),
                                                                       device_settings(wants))))
             except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
                 done[ref.uid] = e if self.mig is None else self._undo_mig(ref.uid, e)
@@ -446,6 +450,13 @@ class ClaimPreparer:
                     self.sharing.release({n: table[n] for n in shared if n in table}, holders)
             out[ref.uid] = None
         return out
+
+
+def _renamed(dev: Device, netdev: str) -> Device:
+    """`dev` as the container sees it once its network interface is `netdev` in the pod."""
+    if dev.attributes.get("netdev") == netdev:
+        return dev
+    return dataclasses.replace(dev, attributes={**dev.attributes, "netdev": netdev})
 
 
 def _reserved_pods(claim: dict[str, Any]) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ the whole driver from a real NRI runtime.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -66,7 +67,7 @@ def node_with(*netdevs: str):
 class Side:
     """The driver's NIC side on one node: preparer + pod network over one checkpoint and one ledger."""
 
-    def __init__(self, dirs: str, kube_api, topology, *, connected: bool = True):
+    def __init__(self, dirs: str, kube_api, topology, *, connected: bool = True, nccl_env: bool = False):
         from plugin.netattach import NetAttacher, exists, max_mtu
 
         opts = SliceOptions(node_name=NODE, driver_name=DRIVER)
@@ -76,8 +77,9 @@ class Side:
         self.network = PodNetwork(driver=DRIVER, pool=NODE, checkpoint=self.checkpoint, attacher=self.attacher,
                                   status=self.status, probe=lambda n: max_mtu(n) if exists(n) else None,
                                   connected=lambda: connected)
-        self.preparer = ClaimPreparer(options=opts, checkpoint=self.checkpoint, cdi=ClaimSpecs(
-            os.path.join(dirs, "cdi"), DRIVER), read_claim=kube_api.get_claim, topology=lambda: topology,
+        self.cdi = ClaimSpecs(os.path.join(dirs, "cdi"), DRIVER, nccl_topology=(lambda: topology) if nccl_env else None)
+        self.preparer = ClaimPreparer(options=opts, checkpoint=self.checkpoint, cdi=self.cdi,
+            read_claim=kube_api.get_claim, topology=lambda: topology,
             network=self.network)
         self.status.start()
 
@@ -163,6 +165,23 @@ async def test_a_pod_gets_its_nics_configured_and_the_claim_says_so_then_gives_t
     assert apiserver.claim_devices("team", "pair") == []
     await s.preparer.unprepare(ClaimRef("team", uid, "pair"))
     assert await s.checkpoint.read() == {}
+
+
+async def test_the_container_is_told_the_interface_names_it_will_have_in_the_pod(net, side, apiserver):
+    a, b = net.veth(), net.veth()
+    s = side(node_with(a.name, b.name), nccl_env=True)
+    uid = apiserver.add_claim("team", "named", results(("gpu-0", "gpus"), ("nic-nic0", "nic0"), ("nic-nic1", "nic1")),
+                              config=[nic_config(["nic0"], interfaceName="fabric0")], pods=[str(uuid.uuid4())])
+    await s.preparer.prepare(ClaimRef("team", uid, "named"))
+    with open(s.cdi.spec_path(uid)) as f:
+        spec = json.load(f)
+    env = [e for d in spec["devices"] for e in d["containerEdits"].get("env", [])]
+    env += spec.get("containerEdits", {}).get("env", [])
+    netdevs = sorted(e.split("=", 1)[1] for e in env if e.startswith("TOPO_DEV_") and "_NETDEV=" in e)
+    # nic0 is renamed by its NicConfig, nic1 keeps its host name in the pod.
+    assert netdevs == sorted(["fabric0", b.name])
+    [hint] = [e for e in env if e.startswith("NCCL_SOCKET_IFNAME=")]
+    assert set(hint.split("==", 1)[1].split(",")) == {"fabric0", b.name}
 
 
 async def test_a_bad_config_fails_prepare_moves_nothing_and_says_why_on_the_claim(net, side, apiserver,
