@@ -190,8 +190,10 @@ class Sandbox:
         return str(self.w / "containerd" / "containerd.sock")
 
     def start_containerd(self, cni_bin: pathlib.Path, pause_image: str, binary: str = "containerd",
-                         cdi_dirs: Sequence[str] = ()) -> None:
-        """containerd (Debian's, or `binary`); `cdi_dirs`: enable CDI in its CRI plugin (containerd >= 1.7)."""
+                         cdi_dirs: Sequence[str] = (), nri_socket: str | None = None) -> None:
+        """containerd (Debian's, or `binary`); `cdi_dirs`: enable CDI in its CRI plugin (containerd >= 1.7);
+        `nri_socket`: turn NRI on with external plugins connecting there (containerd 2.x, where it is on
+        by default: said explicitly, so the test does not lean on a default that 1.7 does not share)."""
         d = self.w / "containerd"
         d.mkdir(exist_ok=True)
         (d / "cni-bin").symlink_to(cni_bin)
@@ -210,6 +212,8 @@ class Sandbox:
             anchor = "  restrict_oom_score_adj = true\n"
             assert anchor in text
             text = text.replace(anchor, anchor + f"  enable_cdi = true\n  cdi_spec_dirs = {json.dumps(list(cdi_dirs))}\n")
+        if nri_socket:
+            text += f'[plugins."io.containerd.nri.v1.nri"]\n  disable = false\n  socket_path = {json.dumps(nri_socket)}\n'
         cfg.write_text(text)
         # A containerd of our own finds its own runc shim first (containerd looks shims up in PATH).
         path = {"PATH": f"{os.path.dirname(binary)}:{os.environ.get('PATH', '')}"} if os.sep in binary else None
