@@ -90,6 +90,13 @@ def env(tmp_path_factory, cluster_inputs):
     for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
         STAGES["cluster up"] = time.monotonic() - t0
         with stage("busybox imported, NIC stand-ins built"):
+            # As on a systemd host, and as `ip netns add` leaves it: the node's /run/netns is a
+            # shared mount, so the pod network namespaces containerd mounts there after the
+            # driver's pod started reach that pod's HostToContainer mount of /var/run/netns.
+            # (Every mount of the sandbox's namespace is private: tests/e2e/cluster/sandbox.py.)
+            for argv in (("mkdir", "-p", "/run/netns"), ("mount", "--bind", "/run/netns", "/run/netns"),
+                         ("mount", "--make-shared", "/run/netns")):
+                c.sb.sh(*argv)
             c.sb.import_image(cluster_inputs["busybox"])
             fabric = Fabric(c.sb, sorted(netdev_of.values()))
             fabric.build()
