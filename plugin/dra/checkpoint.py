@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from ..atomic_file import replace_file
 from ..errors import InputError
+from .network_config import NicNetwork
 
 FORMAT_VERSION = 1
 T = TypeVar("T")
@@ -48,6 +49,15 @@ class PreparedDevice:
     device: str
     requests: tuple[str, ...] = ()
     cdi_device_ids: tuple[str, ...] = ()
+    #: A NIC the pod-network side attaches to the pod when its sandbox starts (plugin/dra/pod_network.py).
+    network: NicNetwork | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pool": self.pool, "device": self.device, "requests": list(self.requests),
+                               "cdi_device_ids": list(self.cdi_device_ids)}
+        if self.network is not None:  # absent otherwise: a GPU-only checkpoint reads as before
+            out["network"] = self.network.to_json()
+        return out
 
 
 @dataclass(frozen=True)
@@ -56,22 +66,34 @@ class PreparedClaim:
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...] = field(default_factory=tuple)
+    #: UIDs of the pods the claim was reserved for when prepared (`status.reservedFor`, kind Pod): whose
+    #: sandbox gets the claim's NICs.
+    pods: tuple[str, ...] = ()
+
+    @property
+    def networks(self) -> list[tuple[PreparedDevice, NicNetwork]]:
+        return [(d, d.network) for d in self.devices if d.network is not None]
 
     def to_json(self) -> dict[str, Any]:
         # By hand rather than dataclasses.asdict (a recursive deep copy): the whole file is encoded on every
         # write, in a worker thread whose Python work competes with the event loop for the GIL.
-        return {"uid": self.uid, "namespace": self.namespace, "name": self.name,
-                "devices": [{"pool": x.pool, "device": x.device, "requests": list(x.requests),
-                             "cdi_device_ids": list(x.cdi_device_ids)} for x in self.devices]}
+        out: dict[str, Any] = {"uid": self.uid, "namespace": self.namespace, "name": self.name,
+                               "devices": [x.to_json() for x in self.devices]}
+        if self.pods:
+            out["pods"] = list(self.pods)
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PreparedClaim:
+        """Also reads files of earlier releases (no `pods`, no `network`)."""
         return cls(
             uid=str(d["uid"]), namespace=str(d["namespace"]), name=str(d["name"]),
             devices=tuple(PreparedDevice(pool=str(x["pool"]), device=str(x["device"]),
                                          requests=tuple(x.get("requests", ())),
-                                         cdi_device_ids=tuple(x.get("cdi_device_ids", ())))
+                                         cdi_device_ids=tuple(x.get("cdi_device_ids", ())),
+                                         network=NicNetwork.from_json(x["network"]) if x.get("network") else None)
                           for x in d.get("devices", ())),
+            pods=tuple(str(p) for p in d.get("pods", ())),
         )
 
 

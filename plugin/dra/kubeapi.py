@@ -19,7 +19,8 @@ so a caller can stop trying other requests at once instead of waiting for
 each to fail the same way.
 
 RBAC the driver needs (the chart adds it): `get` nodes; `get` resourceclaims;
-`list`, `create`, `update`, `delete` resourceslices.
+`list`, `create`, `update`, `delete` resourceslices; `patch` resourceclaims/status
+(the NICs' `networkData`, issue 21).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from lightkube import AsyncClient, ConfigError, KubeConfig, SingleConfig
 from lightkube.config.kubeconfig import SERVICE_ACCOUNT
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
 
 __all__ = ["KubeApi", "KubeApiError", "KubeApiUnreachable", "KubeConfigError", "in_cluster_api",
            "kubeconfig_api"]
@@ -127,6 +129,21 @@ class KubeApi:
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         claim = await _call(self.client.get(ResourceClaim, name, namespace=namespace))
         return claim.to_dict()
+
+    async def apply_claim_status(self, namespace: str, name: str, devices: list[dict[str, Any]],
+                                 field_manager: str) -> None:
+        """Server-side apply of the claim's `status.devices` entries that `field_manager` (our driver name) owns.
+
+        Why apply and not a merge patch: `status.devices` is a map list keyed by driver, pool, device (and
+        shareID), whose entries belong to the driver that wrote them; an apply sets exactly ours, leaves any
+        other driver's alone, and drops the entries we owned but no longer list (`devices=[]` clears ours).
+        `force`: the entries are ours by definition (`driver` is our name), so a conflict with another
+        manager (a person's `kubectl edit`) is resolved in our favour.
+        """
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace}, "status": {"devices": devices}}
+        await _call(self.client.patch(ResourceClaim.Status, name, body, namespace=namespace,
+                                      patch_type=PatchType.APPLY, field_manager=field_manager, force=True))
 
     async def close(self) -> None:
         await self.client.close()

@@ -36,6 +36,14 @@ made every other call wait):
 - each read is bounded (`read_timeout_s`), and once the API server proved
   unreachable in a call (timeout, refused connection) the call's remaining
   claims fail at once with that reason instead of each waiting for it.
+
+NICs (issue 21): the claim's NicConfig is checked here, through `ClaimNetwork`
+(`plugin.dra.pod_network`), before anything is written: a bad one fails the
+claim with the field and the fix, and the reason also goes on the claim. What
+each NIC becomes in the pod, and the pods the claim is reserved for, are
+recorded with the claim; the NICs move when the pod's sandbox starts. Unprepare
+first has the claim's NICs given back to the node (a failure keeps the claim
+recorded, so the kubelet's retry finds it).
 """
 
 from __future__ import annotations
@@ -45,13 +53,14 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 from allocator.topology import Device, NodeTopology
 
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from .kubeapi import KubeApiUnreachable
+from .network_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
 from .slices import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
@@ -70,6 +79,55 @@ class ClaimRef:
 
 class PrepareError(Exception):
     """A claim cannot be prepared; the message goes to the kubelet (and the pod's events)."""
+
+
+class ClaimNetwork(Protocol):
+    """The NIC side of prepare and unprepare (`plugin.dra.pod_network.PodNetwork`)."""
+
+    #: False: no NIC is ever attached here, so unprepare need not look for any (no extra checkpoint read).
+    active: bool
+
+    def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+        """The claim's NICs to attach, by slice device name; raises NicConfigError (field and fix)."""
+        ...
+
+    async def refused(self, ref: ClaimRef, allocated: Allocated, error: NicConfigError) -> None:
+        """Say on the claim why its NIC configuration was refused (best effort, never raises)."""
+        ...
+
+    async def release(self, claims: Sequence[PreparedClaim]) -> dict[str, Exception | None]:
+        """Give the claims' NICs back to the node and clear their status; per claim UID, None when done."""
+        ...
+
+
+class NoNetwork:
+    """No NIC attachment on this node: NICs stay in the node's namespace and a NicConfig is refused."""
+
+    active = False
+
+    def __init__(self, driver: str):
+        self.driver = driver
+
+    def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+        return nic_plan(f"{ref.namespace}/{ref.name}", claim, self.driver, allocated, lambda _: None,
+                        PlanLimits(unavailable="NIC attachment is off on this node (--netdev-attach off)",
+                                   unavailable_fix="start the driver with --netdev-attach auto (chart: "
+                                                   "dra.netdevAttach: auto)"))
+
+    async def refused(self, ref: ClaimRef, allocated: Allocated, error: NicConfigError) -> None:
+        return None
+
+    async def release(self, claims: Sequence[PreparedClaim]) -> dict[str, Exception | None]:
+        return {c.uid: None for c in claims}
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What one claim's read gave: its devices, its NICs' pod interfaces and the pods it is reserved for."""
+
+    allocated: Allocated
+    networks: dict[str, NicNetwork]
+    pods: tuple[str, ...]
 
 
 #: What a call answers per claim UID: the prepared claim, or why not.
@@ -111,8 +169,9 @@ def _batches(items: Sequence[ClaimRef], size: int) -> Iterator[Sequence[ClaimRef
 class ClaimPreparer:
     def __init__(self, *, options: SliceOptions, checkpoint: ClaimCheckpoint, cdi: ClaimCdi,
                  read_claim: ClaimReader, topology: Callable[[], NodeTopology],
-                 limits: PrepareLimits = PrepareLimits()):
+                 limits: PrepareLimits = PrepareLimits(), network: ClaimNetwork | None = None):
         self.options = options
+        self.network: ClaimNetwork = network or NoNetwork(options.driver_name)
         self.checkpoint = checkpoint
         self.cdi = cdi
         self.read_claim = read_claim
@@ -180,10 +239,11 @@ class ClaimPreparer:
         return out
 
     def _record(self, claims: dict[str, PreparedClaim],
-                ready: list[tuple[ClaimRef, Allocated]]) -> dict[str, Outcome]:
+                ready: list[tuple[ClaimRef, _Found]]) -> dict[str, Outcome]:
         """Under the checkpoint lock: write the batch's CDI specs and record the batch (one file write)."""
         done: dict[str, Outcome] = {}
-        for ref, allocated in ready:
+        for ref, found in ready:
+            allocated = found.allocated
             if ref.uid in claims:  # another call or instance prepared it meanwhile
                 done[ref.uid] = claims[ref.uid]
                 continue
@@ -198,17 +258,26 @@ class ClaimPreparer:
             claims[ref.uid] = done[ref.uid] = PreparedClaim(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name,
                 devices=tuple(PreparedDevice(pool=self.options.pool, device=name, requests=tuple(reqs),
-                                             cdi_device_ids=tuple(cdi))
+                                             cdi_device_ids=tuple(cdi), network=found.networks.get(name))
                               for (name, _, reqs), cdi in zip(allocated, ids)),
+                pods=found.pods,
             )
             log.info("prepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid,
                                               "devices": [name for name, _, _ in allocated]})
         return done
 
     async def _allocation(self, ref: ClaimRef, reads: _CallReads,
-                          table: dict[str, Device]) -> Allocated | Exception:
+                          table: dict[str, Device]) -> _Found | Exception:
         try:
-            return self._allocated_devices(ref, await self._read(ref, reads), table)
+            claim = await self._read(ref, reads)
+            allocated = self._allocated_devices(ref, claim, table)
+            try:
+                networks = self.network.plan(ref, claim, allocated)
+            except NicConfigError as e:
+                log.warning("claim refused: bad NIC configuration", extra={"uid": ref.uid, "reason": str(e)})
+                await self.network.refused(ref, allocated, e)
+                return PrepareError(str(e))
+            return _Found(allocated, networks, _reserved_pods(claim))
         except PrepareError as e:
             return e
         except Exception as e:  # noqa: BLE001 (one claim's surprise must not fail the others)
@@ -277,11 +346,28 @@ class ClaimPreparer:
         try:
             out: dict[str, Exception | None]
             out, todo = _complete_refs(refs)
+            if self.network.active and todo:
+                out.update(await self._release_nics(todo))
+                todo = [r for r in todo if out.get(r.uid) is None]
             for batch in _batches(todo, self.limits.batch):
                 out.update(await self.checkpoint.update(lambda claims, batch=batch: self._drop(claims, batch)))
             return out
         finally:
             self.calls -= 1
+
+    async def _release_nics(self, refs: Sequence[ClaimRef]) -> dict[str, Exception | None]:
+        """NICs back to the node before the claims are dropped: a claim whose NICs could not be given back
+        stays recorded (its error says why), so the kubelet's retry finds what is left to undo."""
+        known = await self.checkpoint.read()
+        with_nics = [known[r.uid] for r in refs if r.uid in known and known[r.uid].networks]
+        if not with_nics:
+            return {}
+        try:
+            done = await self.network.release(with_nics)
+        except Exception as e:  # noqa: BLE001 (a request must never take the driver down)
+            log.exception("giving NICs back failed unexpectedly", extra={"claims": len(with_nics)})
+            done = {c.uid: e for c in with_nics}
+        return {uid: e for uid, e in done.items() if e is not None}
 
     def _drop(self, claims: dict[str, PreparedClaim], batch: Sequence[ClaimRef]) -> dict[str, Exception | None]:
         out: dict[str, Exception | None] = {}
@@ -296,6 +382,12 @@ class ClaimPreparer:
                 log.info("unprepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid})
             out[ref.uid] = None
         return out
+
+
+def _reserved_pods(claim: dict[str, Any]) -> tuple[str, ...]:
+    """UIDs of the pods in `status.reservedFor` (the kubelet prepares a claim only once it is reserved)."""
+    return tuple(str(r["uid"]) for r in (claim.get("status") or {}).get("reservedFor") or ()
+                 if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid"))
 
 
 def _stopping() -> PrepareError:

@@ -4,14 +4,19 @@ Why a stand-in here: these tests run where no API server exists (the real
 single-node cluster proof is tests/e2e). It answers the API's REST paths that
 the driver uses (Node get, and Node patch as a JSON merge patch for the fabric
 clique label; ResourceSlice list with field selectors, create,
-replace, delete; ResourceClaim get) over real HTTP, as the API server does:
+replace, delete; ResourceClaim get, and a server-side apply of a claim's
+`status.devices`) over real HTTP, as the API server does:
 JSON bodies with `Content-Type: application/json`, errors as Status objects
 (404 NotFound, 409 Conflict on a stale resourceVersion in a PUT, 409
 AlreadyExists on create), optionally a bearer token to check and TLS. It
 keeps the server's rules that the driver relies on: `timeAdded` set on taints
 and (with `drop_taints`) the field dropping of a server whose DRADeviceTaints
-gate is off. What it does not do is validation: that is checked against the
-real API server code by tests/dra/validate.
+gate is off; and of server-side apply on `status.devices` (a map list keyed by
+driver, pool, device, shareID): an apply sets the entries it lists, owned by
+its field manager, removes the entries that manager owned and no longer lists,
+keeps every other manager's, and answers 409 Conflict when it would take over
+another manager's entry without `force`. What it does not do is validation:
+that is checked against the real API server code by tests/dra/validate.
 
 For the reliability tests it can also misbehave as a real one does under
 load or in an outage: answer claim reads slowly (`claim_delay_s`), hang them
@@ -81,20 +86,39 @@ class ApiServerStandIn:
         self._released = asyncio.Event()
         #: Node PATCHes still to refuse with 503 (an API server that is not ready), then served.
         self.refuse_node_patches = 0
+        #: Claim status applies still to refuse with 503, then served.
+        self.refuse_status_applies = 0
+        #: Every claim status apply received: (namespace, name, field manager, force, the applied body).
+        self.status_applies: list[tuple[str, str, str, bool, dict[str, Any]]] = []
+        #: Who owns each entry of a claim's status.devices: (namespace, name) -> {entry key: field manager}.
+        self.device_owners: dict[tuple[str, str], dict[tuple, str]] = {}
         self._rv = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     # -- test helpers -----------------------------------------------------
-    def add_claim(self, namespace: str, name: str, results: list[dict[str, Any]] | None) -> str:
+    def add_claim(self, namespace: str, name: str, results: list[dict[str, Any]] | None,
+                  config: list[dict[str, Any]] | None = None, pods: list[str] | None = None) -> str:
+        """A claim allocated `results`; `config`: its spec.devices.config entries (copied into the allocation
+        with source FromClaim, as the scheduler does); `pods`: UIDs of the pods it is reserved for."""
         uid = str(uuid.uuid4())
         claim: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                                  "metadata": {"name": name, "namespace": namespace, "uid": uid},
-                                 "spec": {"devices": {"requests": []}}}
+                                 "spec": {"devices": {"requests": [], **({"config": config} if config else {})}}}
         if results is not None:
-            claim["status"] = {"allocation": {"devices": {"results": results}}}
+            devices: dict[str, Any] = {"results": results}
+            if config:
+                devices["config"] = [{"source": "FromClaim", **c} for c in config]
+            claim["status"] = {"allocation": {"devices": devices}}
+            if pods:
+                claim["status"]["reservedFor"] = [{"resource": "pods", "name": f"pod-{p[:8]}", "uid": p}
+                                                  for p in pods]
         self.claims[(namespace, name)] = claim
         return uid
+
+    def claim_devices(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The claim's status.devices now."""
+        return (self.claims[(namespace, name)].get("status") or {}).get("devices") or []
 
     def hold(self, select: Callable[[str, str], bool] = lambda ns, name: True) -> None:
         """From now on, reads of the selected claims hang until `release()`."""
@@ -133,6 +157,8 @@ class ApiServerStandIn:
         app.router.add_put(SLICES + "/{name}", self._replace_slice)
         app.router.add_delete(SLICES + "/{name}", self._delete_slice)
         app.router.add_get("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", self._get_claim)
+        app.router.add_patch("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status",
+                             self._apply_claim_status)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site: web.BaseSite
@@ -184,6 +210,48 @@ class ApiServerStandIn:
         claim = self.claims.get((ns, name))
         if claim is None:
             return _status(404, "NotFound", f"resourceclaims.resource.k8s.io \"{request.match_info['name']}\" not found")
+        return _json(claim)
+
+    async def _apply_claim_status(self, request: web.Request) -> web.Response:
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        claim = self.claims.get((ns, name))
+        if claim is None:
+            return _status(404, "NotFound", f"resourceclaims.resource.k8s.io \"{name}\" not found")
+        if request.content_type != "application/apply-patch+yaml":
+            return _status(415, "UnsupportedMediaType", f"the stand-in takes server-side applies on claim status, "
+                                                        f"not {request.content_type}")
+        manager = request.query.get("fieldManager", "")
+        if not manager:
+            return _status(422, "Invalid", "fieldManager: Required value: is required for apply patch")
+        force = request.query.get("force") == "true"
+        body = yaml.safe_load(await request.text())  # the apply body is YAML (JSON is YAML too)
+        meta = body.get("metadata") or {}
+        if body.get("kind") != "ResourceClaim" or meta.get("name") != name:
+            return _status(400, "BadRequest", "the apply body must be the ResourceClaim named in the path")
+        if self.refuse_status_applies > 0:
+            self.refuse_status_applies -= 1
+            return _status(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+        self.status_applies.append((ns, name, manager, force, body))
+
+        def key(d: dict[str, Any]) -> tuple:
+            return (d.get("driver"), d.get("pool"), d.get("device"), d.get("shareID"))
+
+        owners = self.device_owners.setdefault((ns, name), {})
+        applied = {key(d): d for d in (body.get("status") or {}).get("devices") or []}
+        taken = [k for k in applied if owners.get(k, manager) != manager]
+        if taken and not force:
+            return _status(409, "Conflict", f"Apply failed with 1 conflict: conflict with \"{owners[taken[0]]}\": "
+                                            f".status.devices[driver={taken[0][0]},device={taken[0][2]}]")
+        status = claim.setdefault("status", {})
+        kept = [d for d in status.get("devices") or () if owners.get(key(d)) != manager and key(d) not in applied]
+        for k in [k for k, m in owners.items() if m == manager]:
+            del owners[k]
+        for k in applied:
+            owners[k] = manager
+        status["devices"] = kept + [copy.deepcopy(d) for d in applied.values()]
+        if not status["devices"]:
+            del status["devices"]
+        claim["metadata"]["resourceVersion"] = str(next(self._rv))
         return _json(claim)
 
     async def _list_slices(self, request: web.Request) -> web.Response:

@@ -128,3 +128,29 @@ async def test_writes_and_pending_sections_are_counted(tmp_path):
             break
         await asyncio.sleep(0.01)
     assert cp.pending == 0
+
+
+def test_nic_networks_and_pods_round_trip_and_old_files_still_read(tmp_path):
+    """Issue 21 adds the pods a claim is reserved for and each NIC's pod interface; a checkpoint written by the
+    release before (no such keys) must still read, and a GPU-only claim is written exactly as before."""
+    from plugin.dra.network_config import NicNetwork, Route
+
+    cp = _cp(tmp_path)
+    net = NicNetwork("ens1f0", "net1", ("192.0.2.10/24", "2001:db8::10/64"),
+                     (Route("198.51.100.0/24", "192.0.2.1"), Route("203.0.113.0/24")), 9000, "mlx5_0")
+    nic = PreparedClaim("u2", "ns", "nic-claim", (PreparedDevice("node-a", "nic-0", ("nic",), ("topo.dev/claim=u2-nic-0",),
+                                                                 network=net),), pods=("pod-uid-1",))
+    cp.update_sync(lambda claims: claims.update(u1=_claim("u1"), u2=nic))
+    assert cp.load() == {"u1": _claim("u1"), "u2": nic}
+    assert nic.networks == [(nic.devices[0], net)]
+    stored = json.loads(open(cp.path, encoding="utf-8").read())["claims"]
+    assert "pods" not in stored["u1"] and "network" not in stored["u1"]["devices"][0]
+    # The previous release's file: the same claim, written without the new keys, with its own checksum.
+    from plugin.dra.checkpoint import _checksum, _encode
+
+    old_body = {"u1": {"uid": "u1", "namespace": "ns", "name": "claim-u1",
+                       "devices": [{"pool": "node-a", "device": "gpu-0", "requests": ["gpus"],
+                                    "cdi_device_ids": ["topo.dev/claim=u1-gpu-0"]}]}}
+    with open(cp.path, "w", encoding="utf-8") as f:
+        f.write(_encode({"version": 1, "driver": "topo.dev", "checksum": _checksum(old_body)}, old_body))
+    assert cp.load() == {"u1": _claim("u1")}

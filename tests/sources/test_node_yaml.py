@@ -69,6 +69,31 @@ def test_schema_errors_name_file_line_and_field(broken, where, field):
     assert field in str(e.value) and "fix:" in str(e.value)
 
 
+def test_nic_netdev_and_rdma_device_reach_the_dra_slice():
+    """A simulated NIC can name its network interface and RDMA device; DRA publishes the netdev (what the
+    pod-network side attaches) and a NIC without one has none."""
+    from plugin.dra.slices import SliceOptions, build_resource_slices
+
+    text = GOOD.replace("- {name: eth0, numa: 1}", "- {name: eth0, numa: 1, netdev: ens1f0, rdmaDevice: mlx5_0}\n"
+                        "  - {name: eth1, numa: 0}")
+    topo = load_node_yaml(text, "lab.yaml")
+    assert topo.device("eth0").attributes == {"netdev": "ens1f0", "rdma_devices": "mlx5_0"}
+    assert topo.device("eth1").attributes == {}
+    devices = {d["name"]: d for s in build_resource_slices(topo, SliceOptions(node_name="n"))
+               for d in s["spec"]["devices"]}
+    nics = [d for d in devices.values() if d["attributes"]["type"]["string"] == "nic"]
+    assert sorted(d["attributes"].get("netdev", {}).get("string", "-") for d in nics) == ["-", "ens1f0"]
+
+
+@pytest.mark.parametrize("bad,field", [("netdev: ens1/0", "nics[0].netdev"),
+                                       ("netdev: a-name-of-16chars", "nics[0].netdev"),
+                                       ("rdmaDevice: 'mlx5 0'", "nics[0].rdmaDevice")])
+def test_bad_netdev_names_are_refused_naming_the_field(bad, field):
+    with pytest.raises(TopologyError) as e:
+        load_node_yaml(GOOD.replace("{name: eth0, numa: 1}", "{name: eth0, numa: 1, " + bad + "}"), "lab.yaml")
+    assert field in str(e.value) and "fix:" in str(e.value), str(e.value)
+
+
 def test_uuid_ids_are_stable_and_index_ids_are_positions():
     topo = load_topology("dgx-a100")
     a = build_resources(topo, ResourceOptions())[0]

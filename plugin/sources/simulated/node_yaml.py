@@ -149,6 +149,12 @@ def _apply(dev: Device, spec: Mapping[str, Any]) -> Device:
             changes[attr] = spec[key]
     if "complexKind" in spec:
         changes["complex_kind"] = ComplexKind(spec["complexKind"])
+    # A NIC's network interface and RDMA device, under the names sysfs discovery gives them
+    # (plugin/sources/sysfs_nics.py ATTRIBUTES): DRA attaches that netdev to the pod (docs/networking.md).
+    # Only the RDMA device's name: `rdma` stays unset, as no /dev/infiniband node is simulated.
+    extra = {attr: spec[key] for key, attr in (("netdev", "netdev"), ("rdmaDevice", "rdma_devices")) if key in spec}
+    if extra:
+        changes["attributes"] = {**dev.attributes, **extra}
     if "fabric" in spec:
         f = spec["fabric"]
         changes["fabric"] = FabricInfo(cluster_uuid=f["clusterUuid"].lower(), clique_id=f["cliqueId"],
