@@ -13,7 +13,11 @@ Stubs (under plugin/api/):
   the newest version Kubernetes 1.37 offers and the previous one;
 - `drahealth/v1/api_pb2*`, `drahealth/v1alpha1/api_pb2*`: the kubelet's DRA
   health stream (DRAResourceHealth), 1.37's version and 1.36's;
-- `podresources/v1/api_pb2*`: the kubelet's pod-resources API (List).
+- `podresources/v1/api_pb2*`: the kubelet's pod-resources API (List);
+- `nri/v1alpha1/api_pb2*`: containerd's NRI API (github.com/containerd/nri
+  v0.8.0), and `ttrpc/request_pb2*`: ttrpc's envelope messages. Both travel over
+  ttrpc, not gRPC (plugin/nri speaks it), so they get message modules only: a
+  `*_pb2_grpc.py` would offer a transport that cannot reach the runtime.
 
 The DRA and registration files are compiled with their path under proto/ as
 the .proto file name (`dra/v1/api.proto`), so the `api.proto` files of
@@ -34,6 +38,8 @@ PROTO_DIR = PROTO_ROOT / "deviceplugin" / "v1beta1"
 #: Kubelet APIs compiled with their path under proto/ (and generated into the same sub-directory).
 NESTED_PROTOS = ("pluginregistration/v1/api.proto", "dra/v1/api.proto", "dra/v1beta1/api.proto",
                  "drahealth/v1/api.proto", "drahealth/v1alpha1/api.proto", "podresources/v1/api.proto")
+#: Protos spoken over ttrpc (plugin/nri): message modules only, no gRPC stubs.
+TTRPC_PROTOS = ("nri/v1alpha1/api.proto", "ttrpc/request.proto")
 _INIT_TEXT = '"""Generated stubs; regenerate with scripts/gen_proto.py."""\n'
 
 
@@ -71,6 +77,19 @@ def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
             (pkg / "__init__.py").write_text(_INIT_TEXT)
             paths.append(pkg / "__init__.py")
         paths += [sub / n for n in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")]
+    # ttrpc's Status carries google.protobuf.Any details: the well-known types ship with grpc_tools.
+    import grpc_tools
+
+    well_known = pathlib.Path(grpc_tools.__file__).parent / "_proto"
+    for rel in TTRPC_PROTOS:
+        _protoc([f"-I{PROTO_ROOT}", f"-I{well_known}", f"--python_out={out_dir}", f"--pyi_out={out_dir}",
+                 str(PROTO_ROOT / rel)])
+        sub = out_dir / pathlib.Path(rel).parent
+        stem = pathlib.Path(rel).stem
+        for pkg in {sub, sub.parent} - {out_dir}:
+            (pkg / "__init__.py").write_text(_INIT_TEXT)
+            paths.append(pkg / "__init__.py")
+        paths += [sub / f"{stem}_pb2.py", sub / f"{stem}_pb2.pyi"]
     return sorted(set(paths))
 
 

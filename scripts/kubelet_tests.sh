@@ -37,7 +37,9 @@ venv() {
 debian_packages() {
   stage_start "debian packages"
   local missing=() pkg
-  for pkg in containerd runc busybox-static util-linux libudev1; do
+  # linux-libc-dev: the kernel's uapi headers; tests/netattach checks our RDMA netlink messages against
+  # /usr/include/rdma/rdma_netlink.h. iproute2: `ip`, which the netattach tests check results with.
+  for pkg in containerd runc busybox-static util-linux libudev1 linux-libc-dev iproute2; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -51,7 +53,7 @@ debian_packages() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
     [ -n "$guard" ] && rm -f /usr/sbin/policy-rc.d
   else
-    echo "already installed: containerd runc busybox-static util-linux libudev1"
+    echo "already installed: containerd runc busybox-static util-linux libudev1 linux-libc-dev iproute2"
   fi
   containerd --version; runc --version | head -1
   stage_end

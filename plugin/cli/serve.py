@@ -45,7 +45,9 @@ def dra_factory(settings: Settings) -> DraFactory:
             raise RuntimeFailure(f"DRA mode cannot reach the API server: {e} (fix: run in a pod with a service "
                                  "account token, or set KUBECONFIG)") from None
         return DraDriver(DraOptions(slices, kubelet_root=v["kubelet_root_dir"], cdi_root=v["cdi_spec_dir"],
-                                    instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"]),
+                                    instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"],
+                                    netdev_attach=v["netdev_attach"], nri_socket=v["nri_socket"],
+                                    pod_primary_interface=v["pod_primary_interface"]),
                          api, owns_api=True)
 
     return make

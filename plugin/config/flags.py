@@ -240,6 +240,19 @@ OPTIONS: tuple[Option, ...] = (
            "separated. Each device is served one way only (docs/dra.md).", kind="list", commands=SERVE,
            chart_managed=True, metavar="NAMES", target=Target.DRA, default_text="none (every resource through the device-plugin API)",
            schema_extra={"pattern": "^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"}),
+    Option("netdev_attach", "DRA mode: move each prepared NIC's network interface (and its RDMA device, when the "
+           "RDMA subsystem is in exclusive netns mode) into its pod's network namespace when the pod's sandbox "
+           "starts, configured as the claim's NicConfig says, and back when the pod goes (auto: through the "
+           "container runtime's NRI, whenever DRA serves NICs; off: NICs stay in the node's namespace and a claim "
+           "with a NicConfig is refused). Needs NET_ADMIN and SYS_ADMIN and the host network namespace "
+           "(docs/networking.md).", kind="choice", default="auto", choices=("auto", "off"), commands=SERVE,
+           chart_managed=True, target=S),
+    Option("nri_socket", "The container runtime's NRI socket (containerd: on by default in 2.x, off in 1.7), used with "
+           "--netdev-attach auto.", kind="path", default="/var/run/nri/nri.sock", commands=SERVE,
+           chart_managed=True, target=S),
+    Option("pod_primary_interface", "The interface the pod's primary CNI creates in every pod; no attached NIC may "
+           "take its name (nor `lo`).", default="eth0", commands=SERVE, target=S,
+           schema_extra={"pattern": "^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,14}$"}),
     Option("sysfs_root", "Where sysfs is mounted (real hardware).", kind="path", default="/sys", target=D),
     Option("dev_root", "Where device nodes are (real hardware; Allocate answers name the nodes found here).",
            kind="path", default="/dev", target=D),

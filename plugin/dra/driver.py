@@ -6,8 +6,8 @@ registered us. Stop order is the reverse: the registration socket goes first
 (the kubelet deregisters this instance and, during a rolling update, falls
 back to the other one), then the service.
 
-What survives a restart of this process: the checkpoint (prepared claims) and
-the published slices. The kubelet re-registers us by itself when it restarts
+What survives a restart of this process: the checkpoint (prepared claims), the
+NICs attached to pods (the netattach ledger) and the published slices. The kubelet re-registers us by itself when it restarts
 (its plugin watcher walks plugins_registry at start), so there is no socket
 watching here, unlike the device-plugin side.
 
@@ -20,6 +20,13 @@ is in DRA mode (and the device-plugin side leaving exactly those out),
     await driver.start(topology)                       # CheckpointError: exit 2, message names the file
     driver.update(new_topology)                        # on every topology change (health, hot-plug)
     await driver.stop(); await api.close()             # on SIGTERM
+
+NICs (issue 21): with `netdev_attach="auto"` and NICs with a network
+interface among the devices served, `start` also connects to the container runtime's NRI socket
+(`plugin.nri.NriPlugin`) with `plugin.dra.pod_network.PodNetwork` as the
+handler, which moves each prepared NIC into its pod's network namespace when
+the sandbox starts. Otherwise (GPU-only, `netdev_attach="off"`) neither
+`plugin.nri` nor `plugin.netattach` (pyroute2) is even imported.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 
 import grpc
 
-from allocator.topology import NodeTopology
+from allocator.topology import DeviceKind, NodeTopology
 
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ..model.cdi import CdiOptions
@@ -40,10 +47,13 @@ from .cdi import ClaimCdi, ClaimSpecs
 from .checkpoint import ClaimCheckpoint
 from .health_service import HealthBoard
 from .paths import DraPaths, new_instance_id
-from .prepare import ClaimPreparer, PrepareLimits
+from .prepare import ClaimNetwork, ClaimPreparer, PrepareLimits
 from .publisher import SlicePublisher
 from .service import RegistrationService, add_dra_services
-from .slices import SliceOptions
+from .slices import SliceOptions, device_table
+
+#: `--netdev-attach` values: attach NICs through NRI when DRA serves NICs, or never.
+NETDEV_ATTACH = ("auto", "off")
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +79,17 @@ class DraOptions:
     stop_grace_s: float = 1.0
     #: Seconds between repeats of the device health list on the kubelet's DRAResourceHealth stream.
     health_heartbeat_s: float = 10.0
+    #: `auto`: move prepared NICs into their pods through NRI when NICs are served here; `off`: never
+    #: (`--netdev-attach`; the library default is off, the daemon's flag defaults to auto).
+    netdev_attach: str = "off"
+    #: The container runtime's NRI socket (`--nri-socket`).
+    nri_socket: str = "/var/run/nri/nri.sock"
+    #: The interface the pod's primary CNI creates: no NIC may take its name (`--pod-primary-interface`).
+    pod_primary_interface: str = "eth0"
+
+    def __post_init__(self) -> None:
+        if self.netdev_attach not in NETDEV_ATTACH:
+            raise ValueError(f"netdev_attach {self.netdev_attach!r}: want one of {', '.join(NETDEV_ATTACH)}")
 
     @property
     def driver_name(self) -> str:
@@ -108,6 +129,10 @@ class DraDriver:
         self._service: grpc.aio.Server | None = None
         self._registrar: grpc.aio.Server | None = None
         self.preparer: ClaimPreparer | None = None
+        #: With NIC attachment on: the pod-network handler, its NRI connection and its claim-status writer.
+        self.pod_network: Any = None
+        self.nri: Any = None
+        self._status_writer: Any = None
 
     @property
     def topology(self) -> NodeTopology:
@@ -130,16 +155,48 @@ class DraDriver:
             log.info("removed the CDI spec of a claim no checkpoint entry owns", extra={"claim_uid": uid})
         for path in self.paths.remove_stale_sockets():
             log.info("removed a stale socket of an earlier instance", extra={"socket": path})
+        network = self._pod_network(topology)
         self.preparer = preparer = ClaimPreparer(
             options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi, read_claim=self.api.get_claim,
-            topology=lambda: self.topology, limits=self.options.prepare_limits)
+            topology=lambda: self.topology, limits=self.options.prepare_limits, network=network)
         self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer, self.health))
         self._registrar = await _serve(self.paths.registration_socket,
                                        lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))
         self.publisher.start(topology)
+        if self.nri is not None:
+            self._status_writer.start()
+            await self.nri.start()  # connects (and reconnects) in the background
         log.info("DRA driver serving", extra={"driver": self.options.driver_name, "prepared_claims": claims,
                                               "registration": self.paths.registration_socket,
                                               "endpoint": self.paths.service_socket})
+
+    def _pod_network(self, topology: NodeTopology) -> ClaimNetwork | None:
+        """The NIC side of prepare when NICs are to be attached here (None: `NoNetwork`, nothing attached)."""
+        if self.options.netdev_attach != "auto":
+            return None
+        if not any(d.kind is DeviceKind.NIC and d.attributes.get("netdev")
+                   for d in device_table(topology, self.options.slices).values()):
+            # GPU-only, or NICs without a network interface (vfio-pci, simulated without `netdev`): nothing of
+            # the NIC side runs, not even the NRI connection. Decided at start: a restart picks up new NICs.
+            return None
+        from ..netattach import NetAttacher, exists, max_mtu  # noqa: PLC0415 (pyroute2 only where NICs move)
+        from ..nri import NriPlugin  # noqa: PLC0415
+        from .claim_status import ClaimStatusWriter  # noqa: PLC0415
+        from .pod_network import PodNetwork  # noqa: PLC0415
+
+        def probe(netdev: str) -> int | None:
+            return max_mtu(netdev) if exists(netdev) else None
+
+        self._status_writer = ClaimStatusWriter(self.api, self.options.driver_name)
+        self.pod_network = PodNetwork(
+            driver=self.options.driver_name, pool=self.options.slices.pool, checkpoint=self.checkpoint,
+            attacher=NetAttacher(self.paths.netattach_ledger), status=self._status_writer, probe=probe,
+            taken_names=("lo", self.options.pod_primary_interface), connected=lambda: self.nri.connected,
+            nri_socket=self.options.nri_socket)
+        self.nri = NriPlugin(self.options.nri_socket, self.pod_network)
+        log.info("NICs are attached to their pods through NRI", extra={"nri_socket": self.options.nri_socket,
+                                                                      "ledger": self.paths.netattach_ledger})
+        return self.pod_network
 
     def _remove_orphan_specs(self, claims: dict[str, Any]) -> list[str]:
         """Specs left by a crash between writing a claim's spec and recording it (under the checkpoint lock,
@@ -162,7 +219,17 @@ class DraDriver:
         published, why = self.publisher.health()
         if not published:
             return False, f"DRA driver {name}: {why}"
-        return True, f"DRA driver {name} registered, {why}"
+        return True, f"DRA driver {name} registered, {why}{self._nri_state()}"
+
+    def _nri_state(self) -> str:
+        """Whether NICs can be attached now. Not a readiness condition: pods without a NicConfig are served
+        either way, and a claim with one is refused at prepare, saying how to turn NRI on."""
+        if self.nri is None:
+            return ""
+        if self.nri.connected:
+            return f"; NRI connected ({self.options.nri_socket}): NICs are attached to their pods"
+        return (f"; NRI not connected ({self.options.nri_socket}): NICs stay in the node's namespace and claims "
+                "with a NicConfig are refused (turn NRI on in containerd, docs/networking.md)")
 
     def update(self, topology: NodeTopology) -> None:
         """A new topology: prepare and the kubelet's health stream answer from it at once, the slices follow."""
@@ -177,6 +244,9 @@ class DraDriver:
         grace = self.options.stop_grace_s if grace is None else grace
         if self.preparer is not None:
             self.preparer.stop()
+        if self.nri is not None:  # no sandbox event is handled past this point; the ledger keeps what is attached
+            await self.nri.stop()
+            await self._status_writer.stop()
         registrar, self._registrar = self._registrar, None
         service, self._service = self._service, None
         if registrar is not None:

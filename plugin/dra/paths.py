@@ -6,6 +6,7 @@ Layout (kubelet root `/var/lib/kubelet` by default):
     plugins/<driver>/dra-<instance>.sock            the DRA gRPC service (PluginInfo.endpoint)
     plugins/<driver>/checkpoint.json                prepared claims (shared by all instances)
     plugins/<driver>/serialize.lock                 flock taken around every prepare/unprepare
+    plugins/<driver>/netattach.json                 NICs attached to pods (--netdev-attach auto)
 
 Why one socket pair per *instance* (the pod UID in a DaemonSet, else a random
 ID per process): during a rolling update with `maxSurge` the old and the new
@@ -102,6 +103,11 @@ class DraPaths:
     @property
     def lock(self) -> str:
         return os.path.join(self.plugin_dir, "serialize.lock")
+
+    @property
+    def netattach_ledger(self) -> str:
+        """The NICs attached to pods (plugin/netattach ledger; shared by all instances, like the checkpoint)."""
+        return os.path.join(self.plugin_dir, "netattach.json")
 
     def make_dirs(self) -> None:
         """Create the directories, and check that nothing but a socket sits at this instance's socket paths:

@@ -87,7 +87,7 @@ class ClaimNetwork(Protocol):
     #: False: no NIC is ever attached here, so unprepare need not look for any (no extra checkpoint read).
     active: bool
 
-    def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+    async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
         """The claim's NICs to attach, by slice device name; raises NicConfigError (field and fix)."""
         ...
 
@@ -108,7 +108,7 @@ class NoNetwork:
     def __init__(self, driver: str):
         self.driver = driver
 
-    def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+    async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
         return nic_plan(f"{ref.namespace}/{ref.name}", claim, self.driver, allocated, lambda _: None,
                         PlanLimits(unavailable="NIC attachment is off on this node (--netdev-attach off)",
                                    unavailable_fix="start the driver with --netdev-attach auto (chart: "
@@ -272,7 +272,7 @@ class ClaimPreparer:
             claim = await self._read(ref, reads)
             allocated = self._allocated_devices(ref, claim, table)
             try:
-                networks = self.network.plan(ref, claim, allocated)
+                networks = await self.network.plan(ref, claim, allocated)
             except NicConfigError as e:
                 log.warning("claim refused: bad NIC configuration", extra={"uid": ref.uid, "reason": str(e)})
                 await self.network.refused(ref, allocated, e)

@@ -168,12 +168,15 @@ DRA = {
     "config": {"flags": {"deviceListStrategy": "envvar"}},
 }
 
+DRA_NETDEV_ATTACH = {"dra": {"resources": ["nvidia.com/gpu", "topo.dev/nic"], "netdevAttach": "auto"}}
+
 FABRIC_LABELS_NODE = {"fabricLabels": {"node": True}}
 FABRIC_LABELS_NFD = {"fabricLabels": {"nfdFile": True}}
 
 VALUE_SETS = {
     "default": {},
     "dra": DRA,
+    "dra-netdev-attach": DRA_NETDEV_ATTACH,
     "fabric-labels-node": FABRIC_LABELS_NODE,
     "fabric-labels-nfd": FABRIC_LABELS_NFD,
     "sharing-cdi": SHARING_CDI,
@@ -427,15 +430,17 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     chart = json.loads((CHART / "values.schema.json").read_text())
     chart_config = chart["properties"]["config"]["properties"]
     chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress", "cdiSpecDir", "draResources",
-                     "fabricLabelsFile", "fabricLabelsNode"}
+                     "fabricLabelsFile", "fabricLabelsNode", "netdevAttach", "nriSocket"}
     # NVIDIA's own keys are for NVIDIA config files brought along unchanged, not for chart values.
     nvidia_only = set(json.loads(_daemon_python(
         "import json; from plugin.config.nvidia import FLAG_PROPERTIES as F; print(json.dumps(list(F)))").stdout))
     daemon_flags = {k: v for k, v in daemon["properties"]["flags"]["properties"].items() if k not in nvidia_only}
     assert set(chart_config["flags"]["properties"]) == set(daemon_flags) - chart_managed
     for key, spec in daemon_flags.items():
-        if "enum" in spec:
+        if "enum" in spec and key not in chart_managed:
             assert chart_config["flags"]["properties"][key]["enum"] == spec["enum"], key
+    # Chart-managed choices are chart values of their own, with the daemon's choices.
+    assert chart["properties"]["dra"]["properties"]["netdevAttach"]["enum"] == daemon_flags["netdevAttach"]["enum"]
     daemon_health = daemon["properties"]["gpus"]["properties"]["health"]["properties"]
     chart_health = chart_config["gpus"]["properties"]["health"]["properties"]
     assert set(chart_health) == set(daemon_health)
@@ -657,6 +662,9 @@ BAD_VALUES = [
     ("--set", "config.flags.draResources=nvidia.com/gpu", "draResources"),  # the chart owns this flag
     ("--set", "config.flags.fabricLabelsFile=/x/clique", "fabricLabelsFile"),  # fabricLabels.nfdFile owns it
     ("--set", "fabricLabels.nfdFeaturesDir=relative/dir", "/fabricLabels/nfdFeaturesDir"),
+    ("--set", "dra.netdevAttach=on", "/dra/netdevAttach"),
+    ("--set", "dra.nriSocket=nri.sock", "/dra/nriSocket"),
+    ("--set", "config.flags.netdevAttach=auto", "netdevAttach"),  # dra.netdevAttach owns it (and the privileges)
 ]
 
 
@@ -802,6 +810,50 @@ def test_dra_rbac_is_what_the_driver_calls(dra):
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": dra.get("ServiceAccount")["metadata"]["name"],
                                     "namespace": NAMESPACE}]
+
+
+def test_dra_without_netdev_attach_gets_no_network_privileges(dra):
+    c, spec = dra.container, dra.pod_spec
+    assert "--netdev-attach=off" in c["args"] and not any(a.startswith("--nri-socket") for a in c["args"])
+    assert "hostNetwork" not in spec
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not {"nri", "netns"} & {v["name"] for v in spec["volumes"]}
+
+
+@pytest.mark.parametrize("values", [
+    {"dra": {"resources": ["nvidia.com/gpu"], "netdevAttach": "auto"}},  # GPU-only: no NIC to move
+    {"dra": {"netdevAttach": "auto"}},  # no DRA at all
+])
+def test_netdev_attach_is_inert_without_a_nic_served_through_dra(helm, tmp_path, values):
+    r = render(helm, tmp_path, values)
+    c, spec = r.container, r.pod_spec
+    assert not any(a.startswith(("--nri-socket", "--netdev-attach=auto")) for a in c["args"])
+    assert "hostNetwork" not in spec and "add" not in c["securityContext"]["capabilities"]
+    assert not {"nri", "netns"} & {v["name"] for v in spec["volumes"]}
+
+
+def test_netdev_attach_gets_the_host_network_the_capabilities_the_sockets_and_claim_status(helm, tmp_path):
+    r = render(helm, tmp_path, {**DRA_NETDEV_ATTACH, "privileges": {"capabilities": ["NET_ADMIN", "IPC_LOCK"]}})
+    c, spec = r.container, r.pod_spec
+    assert {"--netdev-attach=auto", "--nri-socket=/var/run/nri/nri.sock"} <= set(c["args"])
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "IPC_LOCK", "SYS_ADMIN"]}
+    assert c["securityContext"]["privileged"] is False
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert volumes["nri"] == {"path": "/var/run/nri", "type": "DirectoryOrCreate"}
+    assert mounts["nri"]["mountPath"] == "/var/run/nri"
+    assert volumes["netns"] == {"path": "/var/run/netns", "type": "DirectoryOrCreate"}
+    assert (mounts["netns"]["mountPath"], mounts["netns"]["mountPropagation"], mounts["netns"]["readOnly"]) == (
+        "/var/run/netns", "HostToContainer", True)
+    rules = {(g, res): set(rule["verbs"]) for rule in r.get("ClusterRole")["rules"]
+             for g in rule["apiGroups"] for res in rule["resources"]}
+    assert rules[("resource.k8s.io", "resourceclaims/status")] == {"patch"}
+    moved = render(helm, tmp_path, {"dra": {**DRA_NETDEV_ATTACH["dra"], "nriSocket": "/run/nri/custom.sock",
+                                            "netnsDir": "/run/containerd/netns"}})
+    assert "--nri-socket=/run/nri/custom.sock" in moved.container["args"]
+    assert {v["name"]: v["hostPath"]["path"] for v in moved.pod_spec["volumes"] if "hostPath" in v}["netns"] == \
+        "/run/containerd/netns"
 
 
 def test_dra_device_classes_select_our_driver_and_kind(dra):

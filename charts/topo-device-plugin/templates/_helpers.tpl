@@ -141,7 +141,12 @@ runAsGroup: {{ int .Values.securityContext.runAsGroup }}
 runAsNonRoot: {{ ne (int .Values.securityContext.runAsUser) 0 }}
 capabilities:
   drop: [ALL]
-  {{- with .Values.privileges.capabilities }}
+  {{- $add := .Values.privileges.capabilities | default list }}
+  {{- if include "topo-device-plugin.netdevAttach" . }}
+  {{- /* moving/configuring links (both namespaces); setns into the pod's namespace */}}
+  {{- $add = concat $add (list "NET_ADMIN" "SYS_ADMIN") | uniq }}
+  {{- end }}
+  {{- with $add }}
   add:
     {{- toYaml . | nindent 4 }}
   {{- end }}
@@ -150,6 +155,16 @@ capabilities:
 {{/* "true" when some resource is served through DRA (dra.resources not empty). */}}
 {{- define "topo-device-plugin.draEnabled" -}}
 {{- if .Values.dra.resources }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the DRA driver moves NICs into pods (dra.netdevAttach auto, with a NIC resource in
+dra.resources): the daemon gets --netdev-attach=auto, the host network, NET_ADMIN + SYS_ADMIN, the NRI
+socket and the pod namespaces, and RBAC on resourceclaims/status. */}}
+{{- define "topo-device-plugin.netdevAttach" -}}
+{{- if and (include "topo-device-plugin.draEnabled" .) (eq (toString .Values.dra.netdevAttach) "auto") }}
+{{- $gpu := (include "topo-device-plugin.option" (dict "root" . "key" "gpuResourceName" "flag" "--gpu-resource-name" "default" "nvidia.com/gpu") | fromJson).value }}
+{{- if without .Values.dra.resources $gpu }}true{{ end }}
+{{- end }}
 {{- end }}
 
 {{/* "true" when the daemon calls the API server: the DRA driver, or the Node label (fabricLabels.node). */}}

@@ -1,0 +1,1 @@
+"""Generated stubs; regenerate with scripts/gen_proto.py."""

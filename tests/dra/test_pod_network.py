@@ -1,0 +1,241 @@
+"""A pod's NICs into its network namespace and back, driven by the sandbox events NRI delivers (issue 21).
+
+Real parts: the claims come from the stand-in API server over HTTP and their status goes back to it as a
+server-side apply; prepare and unprepare run the driver's ClaimPreparer on a real checkpoint and real CDI
+directory; the NICs are veth pairs (tests/netattach/netattach_testlib.py) moved by the real NetAttacher into
+real network namespaces, checked with `ip` and `nsenter`, never through the code under test. Only the NRI
+connection is left out here (its events are the handler's methods); tests/dra/test_netdev_attach.py drives
+the whole driver from a real NRI runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import uuid
+
+import pytest
+
+from plugin.dra.cdi import ClaimSpecs
+from plugin.dra.checkpoint import ClaimCheckpoint
+from plugin.dra.claim_status import ClaimStatusWriter
+from plugin.dra.network_config import API_VERSION, KIND
+from plugin.dra.pod_network import PodNetwork
+from plugin.dra.prepare import ClaimPreparer, ClaimRef
+from plugin.dra.slices import SliceOptions
+from plugin.nri import PodSandbox as Sandbox
+from plugin.sources.simulated import load_node_yaml
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
+
+from netattach_testlib import Net, ip_json, link, needs_root  # noqa: E402
+
+DRIVER = "topo.dev"
+NODE = "node-a"
+
+
+@pytest.fixture
+def net(tmp_path):
+    needs_root()
+    n = Net(tmp_path)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+@pytest.fixture
+def dirs():
+    base = tempfile.mkdtemp(prefix="podnet-", dir="/tmp")
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def node_with(*netdevs: str):
+    nics = "\n".join(f"  - {{name: nic{i}, numa: 0, netdev: {n}}}" for i, n in enumerate(netdevs))
+    return load_node_yaml(f"apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\ngpus: [{{numa: 0}}]\n"
+                          f"nics:\n{nics}\n", "node.yaml")
+
+
+class Side:
+    """The driver's NIC side on one node: preparer + pod network over one checkpoint and one ledger."""
+
+    def __init__(self, dirs: str, kube_api, topology, *, connected: bool = True):
+        from plugin.netattach import NetAttacher, exists, max_mtu
+
+        opts = SliceOptions(node_name=NODE, driver_name=DRIVER)
+        self.checkpoint = ClaimCheckpoint(os.path.join(dirs, "checkpoint.json"), os.path.join(dirs, "lock"), DRIVER)
+        self.status = ClaimStatusWriter(kube_api, DRIVER, retry_initial_s=0.05)
+        self.attacher = NetAttacher(os.path.join(dirs, "netattach.json"), settle_s=0.5)
+        self.network = PodNetwork(driver=DRIVER, pool=NODE, checkpoint=self.checkpoint, attacher=self.attacher,
+                                  status=self.status, probe=lambda n: max_mtu(n) if exists(n) else None,
+                                  connected=lambda: connected)
+        self.preparer = ClaimPreparer(options=opts, checkpoint=self.checkpoint, cdi=ClaimSpecs(
+            os.path.join(dirs, "cdi"), DRIVER), read_claim=kube_api.get_claim, topology=lambda: topology,
+            network=self.network)
+        self.status.start()
+
+    async def close(self) -> None:
+        await self.status.stop()
+
+
+@pytest.fixture
+async def side(dirs, kube_api):
+    made: list[Side] = []
+
+    def make(topology, **kw) -> Side:
+        s = Side(dirs, kube_api, topology, **kw)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        await s.close()
+
+
+def nic_config(requests, **params) -> dict:
+    return {"requests": requests, "opaque": {"driver": DRIVER, "parameters": {"apiVersion": API_VERSION,
+                                                                             "kind": KIND, **params}}}
+
+
+def results(*devices: tuple[str, str]) -> list[dict]:
+    return [{"request": r, "driver": DRIVER, "pool": NODE, "device": d} for d, r in devices]
+
+
+def addresses(netns: str, ifname: str) -> list[str]:
+    [entry] = ip_json(netns, "addr", "show", "dev", ifname)
+    return sorted(f"{a['local']}/{a['prefixlen']}" for a in entry["addr_info"] if a.get("scope") != "link")
+
+
+async def test_a_pod_gets_its_nics_configured_and_the_claim_says_so_then_gives_them_back(net, side, apiserver):
+    a, b = net.veth(mtu=1500), net.veth(mtu=1500)
+    s = side(node_with(a.name, b.name))
+    pod = Sandbox(str(uuid.uuid4()), "team", "trainer", net.netns())
+    uid = apiserver.add_claim("team", "pair", results(("gpu-0", "gpus"), ("nic-nic0", "nic0"), ("nic-nic1", "nic1")),
+                              config=[nic_config(["nic0"], interfaceName="net1", addresses=["192.0.2.10/24"],
+                                                 routes=[{"destination": "198.51.100.0/24",
+                                                          "gateway": "192.0.2.1"}], mtu=9000),
+                                      nic_config(["nic1"], interfaceName="net2", addresses=["192.0.2.11/24"])],
+                              pods=[pod.uid])
+    prepared = await s.preparer.prepare(ClaimRef("team", uid, "pair"))
+    assert prepared.pods == (pod.uid,)
+    assert {d.device: (d.network.host_name, d.network.pod_name) for d in prepared.devices if d.network} == {
+        "nic-nic0": (a.name, "net1"), "nic-nic1": (b.name, "net2")}
+    assert link(None, a.name) is not None  # prepare moves nothing: the pod's namespace does not exist yet
+
+    await s.network.run_pod_sandbox(pod)
+    assert link(None, a.name) is None and link(None, b.name) is None
+    net1, net2 = link(pod.netns, "net1"), link(pod.netns, "net2")
+    assert (net1["address"], net1["mtu"], "UP" in net1["flags"]) == (a.mac, 9000, True)
+    assert (net2["address"], net2["mtu"]) == (b.mac, 1500)
+    assert addresses(pod.netns, "net1") == ["192.0.2.10/24"] and addresses(pod.netns, "net2") == ["192.0.2.11/24"]
+    routes = {r["dst"]: r for r in ip_json(pod.netns, "route", "show")}
+    assert routes["198.51.100.0/24"]["gateway"] == "192.0.2.1" and routes["198.51.100.0/24"]["dev"] == "net1"
+
+    await s.status.flush()
+    status = {d["device"]: d for d in apiserver.claim_devices("team", "pair")}
+    assert set(status) == {"nic-nic0", "nic-nic1"}  # GPUs get no entry
+    assert status["nic-nic0"]["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.10/24"],
+                                                 "hardwareAddress": a.mac}
+    assert status["nic-nic1"]["networkData"]["interfaceName"] == "net2"
+    assert [(c["type"], c["status"], c["reason"]) for c in status["nic-nic0"]["conditions"]] == [
+        ("Ready", "True", "InterfaceAttached")]
+    (ns, name, manager, force, _) = apiserver.status_applies[-1]
+    assert (ns, name, manager, force) == ("team", "pair", DRIVER, True)
+
+    await s.network.stop_pod_sandbox(pod)
+    for v in (a, b):
+        back = link(None, v.name)
+        assert back is not None and back["address"] == v.mac and back["mtu"] == 1500
+    assert link(pod.netns, "net1") is None
+    await s.network.remove_pod_sandbox(pod)  # after stop: nothing left to do, nothing fails
+    await s.status.flush()
+    assert apiserver.claim_devices("team", "pair") == []
+    await s.preparer.unprepare(ClaimRef("team", uid, "pair"))
+    assert await s.checkpoint.read() == {}
+
+
+async def test_a_bad_config_fails_prepare_moves_nothing_and_says_why_on_the_claim(net, side, apiserver):
+    a = net.veth()
+    s = side(node_with(a.name))
+    good = apiserver.add_claim("team", "good", results(("gpu-0", "gpus")))
+    await s.preparer.prepare(ClaimRef("team", good, "good"))
+    before = open(s.checkpoint.path, encoding="utf-8").read()
+    uid = apiserver.add_claim("team", "bad", results(("nic-nic0", "nic")),
+                              config=[nic_config(["nic"], interfaceName="net1", mtu=70000)], pods=["p1"])
+    out = await s.preparer.prepare_many([ClaimRef("team", uid, "bad")])
+    error = str(out[uid])
+    assert "spec.devices.config[0].opaque.parameters.mtu: 70000 is above" in error and "fix: give at most" in error
+    assert open(s.checkpoint.path, encoding="utf-8").read() == before
+    assert link(None, a.name) is not None
+    await s.status.flush()
+    [entry] = apiserver.claim_devices("team", "bad")
+    [cond] = entry["conditions"]
+    assert (entry["device"], cond["status"], cond["reason"]) == ("nic-nic0", "False", "InvalidNicConfig")
+    assert "70000 is above" in cond["message"]
+
+
+async def test_without_nri_a_config_is_refused_saying_how_to_turn_it_on(net, side, apiserver):
+    a = net.veth()
+    s = side(node_with(a.name), connected=False)
+    uid = apiserver.add_claim("team", "c", results(("nic-nic0", "nic")), config=[nic_config(["nic"], mtu=1500)])
+    with pytest.raises(Exception, match=r"not connected to the container runtime's NRI socket .*fix: turn NRI on"):
+        await s.preparer.prepare(ClaimRef("team", uid, "c"))
+    plain = apiserver.add_claim("team", "plain", results(("nic-nic0", "nic")))
+    prepared = await s.preparer.prepare(ClaimRef("team", plain, "plain"))
+    assert [d.network for d in prepared.devices] == [None]  # served as before: the NIC stays in the node
+
+
+async def test_unprepare_gives_the_nics_back_before_the_claim_is_forgotten(net, side, apiserver):
+    a = net.veth()
+    s = side(node_with(a.name))
+    pod = Sandbox(str(uuid.uuid4()), "team", "p", net.netns())
+    uid = apiserver.add_claim("team", "c", results(("nic-nic0", "nic")), pods=[pod.uid])
+    await s.preparer.prepare(ClaimRef("team", uid, "c"))
+    await s.network.run_pod_sandbox(pod)
+    assert link(pod.netns, a.name) is not None  # no NicConfig: the NIC keeps its name in the pod
+    await s.preparer.unprepare(ClaimRef("team", uid, "c"))  # e.g. the sandbox events were missed
+    assert link(None, a.name)["address"] == a.mac
+    assert await s.checkpoint.read() == {}
+
+
+async def test_a_restarted_driver_returns_nics_of_pods_that_went_and_attaches_pods_it_missed(net, side, apiserver):
+    a, b = net.veth(), net.veth()
+    topo = node_with(a.name, b.name)
+    s = side(topo)
+    gone = Sandbox(str(uuid.uuid4()), "team", "gone", net.netns())
+    missed = Sandbox(str(uuid.uuid4()), "team", "missed", net.netns())
+    c1 = apiserver.add_claim("team", "c1", results(("nic-nic0", "nic")), pods=[gone.uid])
+    c2 = apiserver.add_claim("team", "c2", results(("nic-nic1", "nic")),
+                             config=[nic_config(["nic"], interfaceName="net1")], pods=[missed.uid])
+    await s.preparer.prepare(ClaimRef("team", c1, "c1"))
+    await s.preparer.prepare(ClaimRef("team", c2, "c2"))
+    await s.network.run_pod_sandbox(gone)
+    assert link(gone.netns, a.name) is not None
+    await s.close()
+
+    # A new instance (same checkpoint and ledger): the first pod went while it was down, the second started.
+    again = side(topo)
+    await again.network.synchronize([missed])
+    assert link(None, a.name)["address"] == a.mac
+    assert link(missed.netns, "net1")["address"] == b.mac
+    await again.status.flush()
+    assert apiserver.claim_devices("team", "c1") == []
+    assert [d["networkData"]["interfaceName"] for d in apiserver.claim_devices("team", "c2")] == ["net1"]
+    await again.network.synchronize([missed])  # nothing moves twice
+    assert link(missed.netns, "net1")["address"] == b.mac
+
+
+async def test_pods_without_our_nics_are_left_alone(net, side, apiserver):
+    s = side(node_with(net.veth().name))
+    uid = apiserver.add_claim("team", "gpu", results(("gpu-0", "gpus")), pods=["p-gpu"])
+    await s.preparer.prepare(ClaimRef("team", uid, "gpu"))
+    netns = net.netns()
+    await s.network.run_pod_sandbox(Sandbox("p-gpu", "team", "gpu-pod", netns))
+    await s.network.run_pod_sandbox(Sandbox("p-other", "team", "other", netns))
+    assert [x["ifname"] for x in ip_json(netns, "link", "show")] == ["lo"]
+    await s.status.flush()
+    assert apiserver.status_applies == []
