@@ -101,8 +101,9 @@ def main() -> None:
     print(f"{'operation':<44} {'p50 ms':>8} {'p99 ms':>8}")
     print(f"{'attach (one interface)':<44} {pct(t_attach, .5):8.1f} {pct(t_attach, .99):8.1f}")
     print(f"{'detach (one interface)':<44} {pct(t_detach, .5):8.1f} {pct(t_detach, .99):8.1f}")
-    print(f"{f'NetAttacher.attach_pod ({args.nics} interfaces)':<44} {pct(p_attach, .5):8.1f} {pct(p_attach, .99):8.1f}")
-    print(f"{f'NetAttacher.detach_pod ({args.nics} interfaces)':<44} {pct(p_detach, .5):8.1f} {pct(p_detach, .99):8.1f}")
+    for what, xs in (("attach_pod", p_attach), ("detach_pod", p_detach)):
+        label = f"NetAttacher.{what} ({args.nics} interfaces)"
+        print(f"{label:<44} {pct(xs, .5):8.1f} {pct(xs, .99):8.1f}")
     print(f"\nledger writes per pod (attach + detach): {statistics.median(writes):.0f}")
     print(f"open descriptors before/after: {fds0}/{fds1}; threads before/after: {threads0}/{threads1}")
 

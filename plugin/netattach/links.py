@@ -20,21 +20,25 @@ CAP_SYS_ADMIN to enter the pod's namespace (setns(2), see netns.py).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import ipaddress
 import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from . import rdma_netlink
-from .netns import host_netns_fd, is_same_netns, netns_id, open_netns, socket_in
+from .netns import host_netns_fd, is_same_netns, open_netns, socket_in
 from .spec import AttachError, Attached, DetachError, InterfaceSpec, Outcome
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,36 @@ STEPS = ("move", "mtu", "up", "addresses", "routes", "rdma")
 SETTLE_S = 3.0
 
 Progress = Callable[[str], None]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def blocking(fn: Callable[P, R]) -> Callable[P, R]:
+    """Make `fn` callable from any thread. pyroute2's synchronous API runs its own event loop and
+    fails in a thread whose loop is running (an async caller that asks for a quick answer, such as
+    `max_mtu` in a validation); there the call runs in a short-lived thread, and still blocks."""
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return fn(*args, **kwargs)
+        result: list[R] = []
+        error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                result.append(fn(*args, **kwargs))
+            except BaseException as e:  # handed to the caller's thread
+                error.append(e)
+
+        t = threading.Thread(target=run, name=f"netattach-{fn.__name__}", daemon=True)
+        t.start()
+        t.join()
+        if error:
+            raise error[0]
+        return result[0]
+    return wrapper
 
 
 class InterfaceNotFound(AttachError):
@@ -64,12 +98,16 @@ class Link:
     max_mtu: int
     address: str
     up: bool
+    #: The factory address of a physical NIC (IFLA_PERM_ADDRESS; "" for virtual ones): still finds it
+    #: if the pod changed its address.
+    perm_address: str = ""
 
 
 def _link(msg) -> Link:  # type: ignore[no-untyped-def]
     return Link(index=int(msg["index"]), name=str(msg.get("IFLA_IFNAME")), mtu=int(msg.get("IFLA_MTU") or 0),
                 min_mtu=int(msg.get("IFLA_MIN_MTU") or 0), max_mtu=int(msg.get("IFLA_MAX_MTU") or 0),
-                address=str(msg.get("IFLA_ADDRESS") or "").lower(), up=bool(msg["flags"] & IFF_UP))
+                address=str(msg.get("IFLA_ADDRESS") or "").lower(), up=bool(msg["flags"] & IFF_UP),
+                perm_address=str(msg.get("IFLA_PERM_ADDRESS") or "").lower())
 
 
 def _why(e: BaseException) -> str:
@@ -98,9 +136,11 @@ def _by_name(ipr: IPRoute, name: str) -> Link | None:
     return next((x for x in _links(ipr) if x.name == name), None)
 
 
-def _find(ipr: IPRoute, hw: str, name: str | None = None) -> Link | None:
-    """The link with hardware address `hw`: the one called `name` if there is one, else the only one."""
-    links = [x for x in _links(ipr) if x.address == hw]
+def _find(ipr: IPRoute, att: Attached, name: str | None = None) -> Link | None:
+    """The link of `att`, by its hardware address or its factory one: the one called `name` if there is
+    one, else the only one."""
+    ours = {att.hw_address, att.perm_address} - {""}
+    links = [x for x in _links(ipr) if x.address in ours or x.perm_address in ours]
     if name is not None:
         named = [x for x in links if x.name == name]
         if named:
@@ -108,12 +148,14 @@ def _find(ipr: IPRoute, hw: str, name: str | None = None) -> Link | None:
     return links[0] if len(links) == 1 else None
 
 
+@blocking
 def exists(host_name: str) -> bool:
     """Whether the host's network namespace has an interface called `host_name`."""
     with _host() as ipr:
         return _by_name(ipr, host_name) is not None
 
 
+@blocking
 def max_mtu(host_name: str) -> int:
     """The largest MTU the interface's driver accepts (IFLA_MAX_MTU; 65535 where the driver sets none)."""
     with _host() as ipr:
@@ -128,6 +170,7 @@ def rdma_netns_mode() -> str | None:
     return rdma_netlink.rdma_netns_mode()
 
 
+@blocking
 def prepare(spec: InterfaceSpec, netns_path: str) -> Attached:
     """Check that `spec` can be attached into `netns_path` and read what undoing it needs; changes nothing.
 
@@ -137,13 +180,14 @@ def prepare(spec: InterfaceSpec, netns_path: str) -> Attached:
         spec.validate()
     except ValueError as e:
         raise AttachError("check", spec.host_name, str(e)) from None
-    ident = netns_id(netns_path)
     try:
         ns_fd = open_netns(netns_path)
     except OSError as e:
         raise AttachError("check", spec.host_name, f"cannot open the pod network namespace {netns_path}: "
                           f"{_why(e)}") from None
     try:
+        st = os.fstat(ns_fd)
+        ident = (st.st_dev, st.st_ino)  # of the namespace itself: the path may later name another
         with _host() as host:
             link = _by_name(host, spec.host_name)
             if link is None:
@@ -177,7 +221,8 @@ def prepare(spec: InterfaceSpec, netns_path: str) -> Attached:
     finally:
         os.close(ns_fd)
     return Attached(spec=spec, netns=netns_path, original_mtu=link.mtu, hw_address=link.address,
-                    was_up=link.up, rdma_moved=rdma_move, netns_id=ident or (0, 0))
+                    perm_address=link.perm_address,
+                    was_up=link.up, rdma_moved=rdma_move, netns_id=ident)
 
 
 def _family(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> int:
@@ -197,13 +242,13 @@ def _configure(att: Attached, ns_fd: int, progress: Progress | None, state: list
 
     step("move")
     with _host() as host, _inside(ns_fd) as ns:
-        link = _find(ns, att.hw_address, spec.pod_name)
+        link = _find(ns, att, spec.pod_name)
         if link is None:
-            home = _find(host, att.hw_address, spec.host_name)
+            home = _find(host, att, spec.host_name)
             if home is None:
                 raise RuntimeError("the interface is in neither the host nor the pod network namespace")
             host.link("set", index=home.index, net_ns_fd=ns_fd, ifname=spec.pod_name)
-            link = _find(ns, att.hw_address, spec.pod_name)
+            link = _find(ns, att, spec.pod_name)
             if link is None:
                 raise RuntimeError("moved, but not found in the pod network namespace")
         elif link.name != spec.pod_name:
@@ -248,6 +293,7 @@ class _RecordFailed(Exception):
     """`progress` raised: the caller could not record the step, so nothing more is done or undone."""
 
 
+@blocking
 def apply(att: Attached, progress: Progress | None = None) -> Attached:
     """Carry out the attachment `att` (from prepare): move, rename, MTU, up, addresses, routes, RDMA.
 
@@ -280,13 +326,15 @@ def apply(att: Attached, progress: Progress | None = None) -> Attached:
     return att
 
 
+@blocking
 def attach(spec: InterfaceSpec, netns_path: str, progress: Progress | None = None) -> Attached:
     """Move `spec.host_name` into the namespace at `netns_path` and configure it; see prepare and apply."""
     return apply(prepare(spec, netns_path), progress)
 
 
 def _restore(host: IPRoute, link: Link, att: Attached) -> bool:
-    """Give a link in the host its original name, MTU and admin state; whether anything changed."""
+    """Give a link in the host its original name, hardware address, MTU and admin state; whether anything
+    changed."""
     spec = att.spec
     changed = False
     if link.name != spec.host_name:
@@ -298,6 +346,9 @@ def _restore(host: IPRoute, link: Link, att: Attached) -> bool:
         if link.up:
             host.link("set", index=link.index, state="down")
         host.link("set", index=link.index, ifname=spec.host_name)
+        changed = True
+    if link.address != att.hw_address and att.hw_address:
+        host.link("set", index=link.index, address=att.hw_address)
         changed = True
     if link.mtu != att.original_mtu:
         host.link("set", index=link.index, mtu=att.original_mtu)
@@ -325,6 +376,7 @@ def _rdma_home(ns_fd: int, name: str) -> None:
             os.close(fd)
 
 
+@blocking
 def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
     """Return the interface of `att` to the host with its original name, MTU and admin state.
 
@@ -339,7 +391,7 @@ def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
     step = "find"
     try:
         with _host() as host:
-            home = _find(host, att.hw_address, spec.host_name)
+            home = _find(host, att, spec.host_name)
             if home is not None and home.name == spec.host_name:
                 step = "restore"
                 return Outcome.RESTORED if _restore(host, home, att) else Outcome.ALREADY_HOME
@@ -356,8 +408,12 @@ def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
                         _rdma_home(ns_fd, spec.rdma_device)
                     step = "move"
                     with _inside(ns_fd) as ns:
-                        link = _find(ns, att.hw_address, spec.pod_name)
+                        # by address, or by the name we gave it (the pod may have changed its address)
+                        link = _find(ns, att, spec.pod_name) or _by_name(ns, spec.pod_name)
                         if link is not None:
+                            if link.address != att.hw_address and att.hw_address:
+                                # before the move: whatever happens next, it is findable by address
+                                ns.link("set", index=link.index, address=att.hw_address)
                             taken = _by_name(host, spec.host_name) is not None
                             name = f"tdp{secrets.token_hex(4)}" if taken else spec.host_name
                             fd = host_netns_fd()
@@ -365,7 +421,7 @@ def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
                                 ns.link("set", index=link.index, net_ns_fd=fd, ifname=name)
                             finally:
                                 os.close(fd)
-                            back = _find(host, att.hw_address, name)
+                            back = _by_name(host, name)
                             if back is None:
                                 raise RuntimeError("moved, but not found in the host network namespace")
                             step = "restore"
@@ -377,7 +433,7 @@ def detach(att: Attached, *, settle_s: float = SETTLE_S) -> Outcome:
             step = "recover"
             deadline = time.monotonic() + (0.0 if ns_fd is not None else settle_s)
             while True:
-                link = _find(host, att.hw_address, spec.pod_name)
+                link = _find(host, att, spec.pod_name)
                 if link is not None:
                     _restore(host, link, att)
                     log.info("recovered interface from a dead pod namespace",

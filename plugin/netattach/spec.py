@@ -150,11 +150,14 @@ class Attached:
     rdma_moved: bool = False
     #: (st_dev, st_ino) of the namespace file when attached: a path reused by another namespace is not ours.
     netns_id: tuple[int, int] = field(default=(0, 0))
+    #: The factory address of a physical NIC (IFLA_PERM_ADDRESS; "" for a virtual one): finds it even if
+    #: the pod changed its address.
+    perm_address: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"spec": self.spec.to_json(), "netns": self.netns, "original_mtu": self.original_mtu,
                 "hw_address": self.hw_address, "was_up": self.was_up, "rdma_moved": self.rdma_moved,
-                "netns_id": list(self.netns_id)}
+                "netns_id": list(self.netns_id), "perm_address": self.perm_address}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Attached:
@@ -162,4 +165,4 @@ class Attached:
         return cls(spec=InterfaceSpec.from_json(d["spec"]), netns=str(d["netns"]),
                    original_mtu=int(d["original_mtu"]), hw_address=str(d["hw_address"]),
                    was_up=bool(d["was_up"]), rdma_moved=bool(d.get("rdma_moved", False)),
-                   netns_id=(int(dev), int(ino)))
+                   netns_id=(int(dev), int(ino)), perm_address=str(d.get("perm_address", "")))

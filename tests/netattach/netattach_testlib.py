@@ -16,7 +16,6 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest

@@ -35,8 +35,8 @@ def crash_at(label: str):
 
 def two_nics(net):
     a, b = net.veth(mtu=1400), net.veth(up=True)
-    specs = [InterfaceSpec(a.name, "net1", addresses=("10.90.0.2/24",), routes=(RouteSpec("10.91.0.0/16", "10.90.0.1"),),
-                           mtu=9000),
+    specs = [InterfaceSpec(a.name, "net1", addresses=("10.90.0.2/24",),
+                           routes=(RouteSpec("10.91.0.0/16", "10.90.0.1"),), mtu=9000),
              InterfaceSpec(b.name, "net2", addresses=("10.92.0.2/24",))]
     return (a, b), specs
 

@@ -190,3 +190,23 @@ def test_a_malformed_spec_is_refused_naming_the_field(net, bad, why):
         attach(InterfaceSpec(nic.name, **{"pod_name": "net1", **bad}), ns)
     assert why in str(e.value) and e.value.step == "check"
     assert link(None, nic.name) is not None
+
+
+def test_an_address_the_pod_changed_is_put_back_with_the_interface(net):
+    ns = net.netns()
+    nic = net.veth()
+    att = attach(InterfaceSpec(nic.name, "net1"), ns)
+    run("nsenter", f"--net={ns}", "ip", "link", "set", "net1", "address", "02:00:00:00:ab:cd")
+    assert detach(att) is Outcome.RESTORED
+    assert link(None, nic.name)["address"] == nic.mac
+
+
+async def test_the_blocking_calls_also_work_from_a_coroutine(net):
+    """pyroute2 runs its own event loop; called where one is running (the DRA driver validating a claim's
+    MTU in NodePrepareResources), each call must still answer, not fail on 'loop already running'."""
+    ns = net.netns()
+    nic = net.veth()
+    assert exists(nic.name) is True and max_mtu(nic.name) == link(None, nic.name)["max_mtu"]
+    att = attach(InterfaceSpec(nic.name, "net1"), ns)
+    assert link(ns, "net1")["address"] == nic.mac
+    assert detach(att) is Outcome.RESTORED
