@@ -113,7 +113,8 @@ def env(tmp_path_factory, cluster_inputs):
 def values(env) -> dict[str, Any]:
     return chart_values(
         env["image"], env["node"],
-        dra={"resources": ["nvidia.com/gpu", "topo.dev/nic"]},
+        # netdevAttach: the chart's default is off; auto runs the NRI plugin that moves the NICs.
+        dra={"resources": ["nvidia.com/gpu", "topo.dev/nic"], "netdevAttach": "auto"},
         # No kube-proxy in this cluster: the pod reaches the API server at the node's address.
         extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
                   {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
