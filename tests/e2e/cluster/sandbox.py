@@ -115,6 +115,13 @@ class Sandbox:
         self.namespaces = {k: _ns(self.holder.pid, k) for k in ("mnt", "net")}
         log(f"holder pid {self.holder.pid}: {self.namespaces}")
         self.sh("hostname", "topo-node")
+        # This machine's mounts below the overlaid directories (a /run/netns left by `ip netns`, say)
+        # would lie hidden under the overlays yet stay in the namespace's mount table, where a lookup
+        # of a path's mount by name finds them first (containerd's check that a HostToContainer
+        # source is a shared mount does): drop them here, in the holder's namespace only (its
+        # mounts are private copies, the machine's own stay).
+        for target in self.mounts_below(OVERLAID):
+            self.sh("umount", "-l", target)
         for d in OVERLAID:
             name = d.strip("/").replace("/", "-")
             upper, work = self.w / "overlay" / name / "upper", self.w / "overlay" / name / "work"
@@ -133,6 +140,13 @@ class Sandbox:
                      ["ip", "link", "set", "tdp-node", "up"], ["ip", "link", "set", "tdp-peer", "up"],
                      ["ip", "route", "add", "default", "dev", "tdp-node"]):
             self.sh(*argv)
+
+    def mounts_below(self, dirs: Iterable[str]) -> list[str]:
+        """Mount points in the holder's namespace strictly below `dirs`, deepest first."""
+        assert self.holder is not None
+        targets = {line.split()[4] for line in pathlib.Path(f"/proc/{self.holder.pid}/mountinfo").read_text().splitlines()}
+        below = [t for t in targets if any(t.startswith(d.rstrip("/") + "/") for d in dirs)]
+        return sorted(below, key=lambda t: (-t.count("/"), t))
 
     def enter(self) -> list[str]:
         assert self.holder is not None
