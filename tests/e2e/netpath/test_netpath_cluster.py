@@ -146,6 +146,13 @@ def wait_nri_synced(c: Cluster, before: int, timeout: float = 120) -> int:
         raise TimeoutError(f"{e}\n{c.sb.tail('containerd', 40)}") from None
 
 
+def daemon_log(c: Cluster, lines: int = 60) -> str:
+    """The driver's recent log (for failure messages)."""
+    proc = c.kubectl("logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=topo-device-plugin", f"--tail={lines}",
+                     check=False)
+    return f"--- driver log\n{proc.stdout}{proc.stderr}"
+
+
 def nic_config(interface: str, address: str, route: tuple[str, str], mtu: int = 9000) -> dict[str, Any]:
     return {"apiVersion": NIC_CONFIG_API, "kind": "NicConfig", "interfaceName": interface,
             "addresses": [address], "routes": [{"destination": route[0], "gateway": route[1]}], "mtu": mtu}
@@ -207,7 +214,7 @@ def wait_running(c: Cluster, name: str, timeout: float = 240) -> dict[str, Any]:
     try:
         return wait_for(f"pod {name} Running", running, timeout)
     except TimeoutError as e:
-        raise TimeoutError(f"{e}\n{diagnose(c, NS)}\n{c.sb.tail('containerd', 40)}") from None
+        raise TimeoutError(f"{e}\n{diagnose(c, NS)}\n{c.sb.tail('containerd', 40)}\n{daemon_log(c)}") from None
 
 
 def delete_pod(c: Cluster, name: str, timeout: float = 240) -> None:
@@ -312,13 +319,25 @@ BAD = {
 }
 
 
-def test_bad_nic_configs_fail_prepare_with_the_reason_and_move_nothing(installed):
-    """Four broken configurations at once (5 NICs of 8, no GPUs): each pod stays Pending with the
-    reason in its events and on its claim; no NIC leaves the node."""
-    c, fabric = installed["c"], installed["fabric"]
+@pytest.fixture
+def bad_pods(installed):
+    """The pods of BAD, deleted afterwards whatever the test found (their claims hold 5 of the 8 NICs)."""
+    c = installed["c"]
     for name, (configs, _) in BAD.items():
         c.apply(template(name, configs, gpus=False))
         c.apply(net_pod(name, name))
+    yield
+    with stage("bad pods deleted"):
+        for name in BAD:
+            c.kubectl("delete", "pod", "-n", NS, name, "--wait=false")
+        for name in BAD:
+            wait_for(f"pod {name} gone", lambda n=name: not pod_exists(c, n), 180)
+
+
+def test_bad_nic_configs_fail_prepare_with_the_reason_and_move_nothing(installed, bad_pods):
+    """Four broken configurations at once (5 NICs of 8, no GPUs): each pod stays Pending with the
+    reason in its events and on its claim; no NIC leaves the node."""
+    c, fabric = installed["c"], installed["fabric"]
 
     def failed_prepare(name: str, needles: tuple[str, ...]):
         msgs = [e["message"] for e in events(c, name) if e["reason"] == "FailedPrepareDynamicResources"]
@@ -343,15 +362,13 @@ def test_bad_nic_configs_fail_prepare_with_the_reason_and_move_nothing(installed
             return [cond for d in st.get("devices") or [] for cond in d.get("conditions") or []
                     if cond["type"] == "Ready" and cond["status"] == "False" and cond["reason"] == "InvalidNicConfig"
                     and all(n in cond.get("message", "") for n in needles)]
-        wait_for(f"{name}: the claim's devices Ready=False InvalidNicConfig naming {needles}", refused, 60)
+        try:
+            wait_for(f"{name}: the claim's devices Ready=False InvalidNicConfig naming {needles}", refused, 60)
+        except TimeoutError as e:
+            st = c.get("resourceclaim", claim["metadata"]["name"], "-n", NS).get("status", {})
+            raise TimeoutError(f"{e}\nclaim status: {st}\n{daemon_log(c)}") from None
         assert not any(d.get("networkData") for d in claim.get("status", {}).get("devices") or [])
     assert fabric.nics() == fabric.initial, "a NIC moved although its claim was refused"
-    with stage("bad pods deleted"):
-        for name in BAD:
-            c.kubectl("delete", "pod", "-n", NS, name, "--wait=false")
-        for name in BAD:
-            wait_for(f"pod {name} gone", lambda n=name: not pod_exists(c, n), 180)
-    assert fabric.nics() == fabric.initial
 
 
 PODS = {"pa": 1, "pb": 2}  # pod -> its host number on both rails
@@ -359,6 +376,8 @@ PODS = {"pa": 1, "pb": 2}  # pod -> its host number on both rails
 
 def test_two_pods_get_exactly_their_configured_interfaces_on_pix_nics(installed):
     c, fabric, topo = installed["c"], installed["fabric"], installed["topology"]
+    # The refused pods came and went (bad_pods): still no NIC moved.
+    assert fabric.nics() == fabric.initial
     for pod, host in PODS.items():
         c.apply(template(f"net-{pod}", {"nic-a": rail(0, host), "nic-b": rail(1, host)}))
     with stage("2 pods (2 GPU + 2 configured NICs each) Running"):
