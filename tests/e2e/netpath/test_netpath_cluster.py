@@ -47,11 +47,16 @@ NETDEV = "tdpnic{}"
 NRI_SYNCED = re.compile(r'plugin \\?"[0-9]*-?topo-device-plugin\\?" connected and synchronized')
 STAGES: dict[str, float] = {}
 
-#: The pods' program: idle until deleted. On SIGTERM it marks /tmp/terminating and then waits
-#: while /tmp/hold exists, so a test can keep a pod in deletion (its sandbox, and the NICs in
-#: it, alive) for as long as it needs, and end it by removing the file: no sleep decides it.
-HOLD = ("trap ': > /tmp/terminating; while [ -e /tmp/hold ]; do sleep 0.2; done; exit 0' TERM; "
-        "while :; do sleep 1 & wait $!; done")
+#: The pods' program: idle until told to stop (it is PID 1: without the trap it would ignore SIGTERM).
+IDLE = "trap 'exit 0' TERM; while :; do sleep 1 & wait $!; done"
+#: Its preStop hook, which the kubelet runs when the pod is deleted, before it asks the runtime to stop
+#: the container: it marks /tmp/terminating and waits while /tmp/hold exists, so a test can keep a
+#: pod in deletion (its sandbox, and the NICs in it, alive) as long as it needs and end that by
+#: removing the file; no sleep decides it. A hook and not a SIGTERM handler: containerd holds back
+#: the synchronization of a newly connected NRI plugin while a StopContainer call is in progress
+#: (internal/cri/server/container_stop.go, BlockPluginSync), so a restarted driver could not catch
+#: up before the container had stopped.
+PRE_STOP = ": > /tmp/terminating; while [ -e /tmp/hold ]; do sleep 0.2; done"
 
 
 class stage:
@@ -111,13 +116,15 @@ def env(tmp_path_factory, cluster_inputs):
 
 
 def values(env) -> dict[str, Any]:
-    return chart_values(
+    v = chart_values(
         env["image"], env["node"],
         # netdevAttach: the chart's default is off; auto runs the NRI plugin that moves the NICs.
         dra={"resources": ["nvidia.com/gpu", "topo.dev/nic"], "netdevAttach": "auto"},
         # No kube-proxy in this cluster: the pod reaches the API server at the node's address.
         extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
                   {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+    v["config"]["flags"]["logLevel"] = "info"  # the driver's log goes into failure messages: its story, not netlink's
+    return v
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +157,7 @@ def daemon_log(c: Cluster, lines: int = 60) -> str:
     """The driver's recent log (for failure messages)."""
     proc = c.kubectl("logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=topo-device-plugin", f"--tail={lines}",
                      check=False)
-    return f"--- driver log\n{proc.stdout}{proc.stderr}"
+    return f"--- driver log\n{proc.stdout}{proc.stderr}"[-8000:]
 
 
 def nic_config(interface: str, address: str, route: tuple[str, str], mtu: int = 9000) -> dict[str, Any]:
@@ -187,14 +194,15 @@ def net_pod(name: str, template_name: str) -> dict[str, Any]:
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "labels": {"topo-e2e": "netpath"}},
         "spec": {
-            # Long enough to restart the driver while the pod is being deleted; HOLD ends earlier
-            # unless the test holds it.
+            # Long enough to restart the driver while the pod is being deleted; PRE_STOP ends at
+            # once unless the test holds it.
             "terminationGracePeriodSeconds": 300,
             "automountServiceAccountToken": False,
             "restartPolicy": "Never",
             "resourceClaims": [{"name": "net", "resourceClaimTemplateName": template_name}],
             "containers": [{"name": "main", "image": BUSYBOX, "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", HOLD], "resources": {"claims": [{"name": "net"}]}}],
+                            "command": ["sh", "-c", IDLE], "resources": {"claims": [{"name": "net"}]},
+                            "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", PRE_STOP]}}}}],
         },
     }
 
@@ -497,7 +505,7 @@ def test_driver_restart_while_a_pod_is_being_deleted_gives_its_nics_back(install
     in_pod(c, "pa", "sh", "-c", ": > /tmp/hold")
     c.kubectl("delete", "pod", "-n", NS, "pa", "--wait=false")
     with stage("pa terminating (held) -> driver restarted, NRI plugin connected again"):
-        wait_for("pa's container told to stop", lambda: in_pod(c, "pa", "test", "-e", "/tmp/terminating",
+        wait_for("pa's preStop hook running", lambda: in_pod(c, "pa", "test", "-e", "/tmp/terminating",
                                                                check=False).returncode == 0, 120)
         syncs = nri_syncs(c)
         old = installed["daemon"]["metadata"]["uid"]
