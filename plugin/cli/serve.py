@@ -23,6 +23,11 @@ def dra_factory(settings: Settings) -> DraFactory:
     both from the downward API), the API server through the pod's service account, or the file KUBECONFIG
     names when run outside a pod."""
     v = settings.values
+    from ..dra.network_config import is_ifname
+
+    if not is_ifname(v["pod_primary_interface"]):
+        raise InputError(f"{option_source(settings, 'pod_primary_interface')}: {v['pod_primary_interface']!r} is not "
+                         "a Linux interface name (fix: 1 to 15 of A-Z a-z 0-9 _ . -, not starting with '.', e.g. eth0)")
     node = os.environ.get("NODE_NAME", "")
     if not node:
         raise InputError(f"{option_source(settings, 'dra_resources')}: DRA mode needs the node's name in NODE_NAME "

@@ -10,6 +10,9 @@ Modules, one job each:
   watcher's Registration service; `prepare`: what NodePrepare/UnprepareResources do;
 - `checkpoint`: prepared claims on disk (atomic, flock-serialised); `cdi`: the CDI
   interface the driver needs and a minimal writer; `paths`: the socket layout;
+- `network_config`: a claim's NicConfig checked and turned into each NIC's pod interface;
+  `pod_network`: the NRI sandbox handler that moves prepared NICs into their pods and back;
+  `claim_status`: our entries of a claim's `status.devices` (networkData), written in the background;
 - `driver`: composes them for one node (`DraDriver`, `DraOptions`).
 """
 

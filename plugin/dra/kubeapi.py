@@ -20,7 +20,8 @@ each to fail the same way.
 
 RBAC the driver needs (the chart adds it): `get` nodes; `get` resourceclaims;
 `list`, `create`, `update`, `delete` resourceslices; `patch` resourceclaims/status
-(the NICs' `networkData`, issue 21).
+and, since 1.36, `associated-node:patch` on the synthetic subresource
+resourceclaims/driver named after our driver (the NICs' `networkData`, issue 21).
 """
 
 from __future__ import annotations

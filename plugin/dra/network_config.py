@@ -55,6 +55,11 @@ _IFNAME_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,14}$")
 NicProbe = Callable[[str], "int | None"]
 
 
+def is_ifname(name: str) -> bool:
+    """Whether `name` is a Linux interface name (the rule `interfaceName` and `--pod-primary-interface` follow)."""
+    return bool(_IFNAME_RE.match(name))
+
+
 class NicConfigError(Exception):
     """A NicConfig the driver cannot apply: the message names the claim, the field and the fix."""
 
@@ -194,9 +199,15 @@ def _address(claim: str, where: str, a: Any) -> None:
     if not isinstance(a, str) or "/" not in a:
         raise _err(claim, where, f"{a!r} is not an address in CIDR form", fix)
     try:
-        ipaddress.ip_interface(a)
+        iface = ipaddress.ip_interface(a)
     except ValueError as e:
         raise _err(claim, where, f"{a!r} is not an address in CIDR form ({e})", fix) from None
+    # The claim status (networkData.ips) takes canonical forms only; the API server would refuse the write.
+    if iface.version == 6 and iface.ip.ipv4_mapped is not None:
+        raise _err(claim, where, f"{a!r} is an IPv4-mapped IPv6 address",
+                   f"give the IPv4 address, e.g. {iface.ip.ipv4_mapped}/{max(iface.network.prefixlen - 96, 0)}")
+    if str(iface) != a:
+        raise _err(claim, where, f"{a!r} is not in canonical form", f"write it as {iface} (lower case, shortest form)")
 
 
 def _route(claim: str, where: str, r: Any) -> None:

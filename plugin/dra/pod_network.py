@@ -94,6 +94,8 @@ class PodNetwork:
         #: Whether NRI is connected now: a NicConfig is refused while it is not (nobody would apply it).
         self.connected = connected
         self.nri_socket = nri_socket
+        #: The prepared claims with NICs, and the checkpoint file's bytes they were read from (see `_nic_claims`).
+        self._cache: tuple[bytes | None, list[PreparedClaim]] = (None, [])
 
     # -- prepare side (ClaimNetwork) --------------------------------------------------------------
     async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
@@ -132,9 +134,25 @@ class PodNetwork:
         return out
 
     # -- NRI side (PodSandboxHandler) --------------------------------------------------------------
+    async def _nic_claims(self) -> list[PreparedClaim]:
+        """The prepared claims that hold NICs to attach.
+
+        Every pod started on the node comes through here, inside the runtime's NRI deadline (2 s), and most
+        have no NIC of ours: the parsed checkpoint is kept while the file's bytes are the same (reading them
+        needs no lock, the file is only ever replaced whole by a rename; parsing and checking it is what
+        costs). Whoever wrote it, this instance or another, a change is seen."""
+        try:
+            with open(self.checkpoint.path, "rb") as f:
+                raw: bytes | None = f.read()
+        except FileNotFoundError:
+            raw = None
+        if raw is None or raw != self._cache[0]:
+            claims = [c for c in (await self.checkpoint.read()).values() if c.networks]
+            self._cache = (raw, claims)
+        return self._cache[1]
+
     async def _claims_of(self, pod_uid: str) -> list[PreparedClaim]:
-        claims = await self.checkpoint.read()
-        return [c for c in claims.values() if pod_uid in c.pods and c.networks]
+        return [c for c in await self._nic_claims() if pod_uid in c.pods]
 
     async def run_pod_sandbox(self, pod: Sandbox) -> None:
         claims = await self._claims_of(pod.uid)
@@ -183,9 +201,9 @@ class PodNetwork:
     async def synchronize(self, pods: Sequence[Sandbox]) -> None:
         live = {p.uid: p.netns for p in pods if p.netns}
         await self.attacher.reconcile(live)
-        claims = await self.checkpoint.read()
+        claims = await self._nic_claims()
         for p in pods:
-            mine = [c for c in claims.values() if p.uid in c.pods and c.networks]
+            mine = [c for c in claims if p.uid in c.pods]
             if not mine or not p.netns:
                 continue
             try:
@@ -196,6 +214,6 @@ class PodNetwork:
             except Exception as e:  # noqa: BLE001 (one pod's failure must not keep the others' NICs away)
                 log.error("attaching a running pod's NICs failed", extra={"pod": f"{p.namespace}/{p.name}",
                                                                          "error": str(e)})
-        for c in claims.values():  # NICs of pods that are not running are back in the node: say so
-            if c.networks and not any(pod in live for pod in c.pods):
+        for c in claims:  # NICs of pods that are not running are back in the node: say so
+            if not any(pod in live for pod in c.pods):
                 self.status.set(c.namespace, c.name, [])

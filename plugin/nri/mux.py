@@ -145,8 +145,12 @@ class Multiplexer:
             raise ConnectionClosed(f"NRI multiplexer closed; connection {conn_id} cannot send")
         # One writer at a time: a connection's frames must not interleave with another's mid-frame.
         async with self._write_lock:
-            self._writer.write(encode_frames(conn_id, data))
-            await self._writer.drain()
+            try:
+                self._writer.write(encode_frames(conn_id, data))
+                await self._writer.drain()
+            except OSError as exc:  # the peer went away mid-write: the same as a close, for the caller
+                self.close()
+                raise ConnectionClosed(f"NRI multiplexer: connection {conn_id} cannot send: {exc}") from exc
 
     def _forget(self, conn: MuxConn) -> None:
         if self._conns.get(conn.conn_id) is conn:

@@ -78,6 +78,13 @@ class PodSandboxHandler(Protocol):
     async def remove_pod_sandbox(self, pod: PodSandbox) -> None: ...
 
 
+def _reason(exc: BaseException) -> str:
+    """The first real error inside (nested) exception groups: what a log reader needs to see."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = next((e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)), exc.exceptions[0])
+    return f"{type(exc).__name__}: {exc}"
+
+
 class NriPlugin:
     """Keeps one registered NRI plugin connection alive and forwards pod-sandbox events to `handler`."""
 
@@ -130,7 +137,12 @@ class NriPlugin:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - whatever the runtime does, the daemon stays up
-                log.warning("NRI connection on %s ended: %s", self.socket_path, exc)
+                me = asyncio.current_task()
+                if me is not None and me.cancelling():
+                    # stop() came while the session was failing: a TaskGroup then raises the failure
+                    # and the cancellation is spent; honour it here or the loop would go on.
+                    raise asyncio.CancelledError from exc
+                log.warning("NRI connection on %s ended: %s", self.socket_path, _reason(exc))
             finally:
                 self._connected = False
                 self._sync_parts = []

@@ -849,6 +849,11 @@ def test_netdev_attach_gets_the_host_network_the_capabilities_the_sockets_and_cl
     rules = {(g, res): set(rule["verbs"]) for rule in r.get("ClusterRole")["rules"]
              for g in rule["apiGroups"] for res in rule["resources"]}
     assert rules[("resource.k8s.io", "resourceclaims/status")] == {"patch"}
+    # 1.36+: writing a driver's status.devices entries also takes resourceclaims/driver for that driver, from
+    # the claim's own node only (k8s.io/kubernetes pkg/registry/resource/utils.go AuthorizedForDeviceStatus).
+    [driver_rule] = [rule for rule in r.get("ClusterRole")["rules"] if rule["resources"] == ["resourceclaims/driver"]]
+    assert driver_rule == {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+                           "resourceNames": ["topo.dev"], "verbs": ["associated-node:patch"]}
     moved = render(helm, tmp_path, {"dra": {**DRA_NETDEV_ATTACH["dra"], "nriSocket": "/run/nri/custom.sock",
                                             "netnsDir": "/run/containerd/netns"}})
     assert "--nri-socket=/run/nri/custom.sock" in moved.container["args"]

@@ -12,6 +12,7 @@ from plugin.sources.simulated import load_simulated
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from apiserver_standin import ApiServerStandIn, write_kubeconfig  # noqa: E402
+from claim_validation import build_validator  # noqa: E402
 
 NODE = "node-a"
 
@@ -37,3 +38,9 @@ async def kube_api(apiserver, tmp_path):
 @pytest.fixture
 def dgx_h100():
     return load_simulated("dgx-h100")
+
+
+@pytest.fixture(scope="session")
+def claim_validator() -> str:
+    """The 1.37 API server's ResourceClaim status-update check (claim_validation.py); skips without Go."""
+    return build_validator()

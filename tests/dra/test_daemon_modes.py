@@ -125,7 +125,9 @@ async def test_one_process_serves_gpus_through_dra_and_nics_through_the_device_p
      "replicas: 4}]}}", {}, ["field flags.draResources", "time-sliced", "fix:"]),
     ("flags: {draResources: [nvidia.com/gpu]}", {"NODE_NAME": ""}, ["NODE_NAME", "fix:"]),
     ("flags: {draResources: 'nvidia.com/gpu,,x'}", {}, ["field flags.draResources"]),
-], ids=["unknown-resource", "mig", "time-slicing", "no-node-name", "bad-list"])
+    ("flags: {draResources: [topo.dev/nic], podPrimaryInterface: eth0/1}", {},
+     ["field flags.podPrimaryInterface", "eth0/1", "fix:"]),
+], ids=["unknown-resource", "mig", "time-slicing", "no-node-name", "bad-list", "bad-primary-interface"])
 def test_bad_combinations_stop_start_up_naming_file_field_and_fix(tmp_path, config, extra_env, words):
     path = tmp_path / "config.yaml"
     path.write_text(f"version: v1\n{config}\n")
@@ -175,3 +177,12 @@ def test_no_api_server_access_stops_start_up_with_the_fix_and_leaves_nothing(roo
     assert "DRA mode cannot reach the API server" in proc.stderr and "fix:" in proc.stderr, proc.stderr
     assert not os.path.exists(os.path.join(kubelet_root, "plugins_registry"))
     assert not os.path.isdir(cdi) or os.listdir(cdi) == []
+
+
+def test_a_bad_primary_interface_flag_stops_start_up_naming_it(tmp_path):
+    r = CliRunner().invoke(cli, ["serve", "--simulate", "dgx-h100", "--dra-resources", "topo.dev/nic",
+                                 "--pod-primary-interface", "eth0/1", "--kubelet-root-dir", str(tmp_path / "k")],
+                           env={"NODE_NAME": NODE})
+    assert r.exit_code == 2, r.output
+    assert "--pod-primary-interface: 'eth0/1' is not a Linux interface name (fix:" in r.output, r.output
+    assert not (tmp_path / "k").exists()

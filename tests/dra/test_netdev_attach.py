@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -221,3 +222,82 @@ async def test_stopping_the_driver_closes_its_nri_connection(net, cluster):
     await drv.stop()
     await rt.wait_for(lambda e: e.get("event") == "closed", "the connection to close", after=mark)
     assert first["plugin"] == "10-topo-device-plugin"
+
+
+# ---- the daemon: `serve` as the chart runs it --------------------------------------------------
+
+
+NODE_FILE = """\
+apiVersion: topo-device-plugin/v1
+kind: SimulatedNode
+gpus: [{numa: 0}]
+nics:
+  - {name: nic0, numa: 0, netdev: ens9f0}
+  - {name: nic1, numa: 0, netdev: ens9f1}
+"""
+
+
+async def _serve(tmp_path, roots, apiserver, *args: str) -> tuple[subprocess.Popen, str]:
+    from apiserver_standin import write_kubeconfig
+    from topo_testkit import pythonpath_env
+
+    node = tmp_path / "node.yaml"
+    node.write_text(NODE_FILE)
+    env = pythonpath_env(dict(os.environ, PYTHONUNBUFFERED="1", NODE_NAME=NODE, POD_UID="pod-1",
+                              KUBECONFIG=write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)))
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    log = str(tmp_path / "daemon.log")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "plugin", "serve", "--simulate", str(node),
+                                 "--kubelet-root-dir", os.path.join(roots, "kubelet"),
+                                 "--cdi-spec-dir", os.path.join(roots, "cdi"), "--log-level", "debug",
+                                 "--nri-socket", os.path.join(roots, "nri.sock"), *args],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return proc, log
+
+
+def _log(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+async def _until_logged(proc: subprocess.Popen, log: str, text: str) -> None:
+    async with asyncio.timeout(60):
+        while text not in _log(log):
+            assert proc.poll() is None, f"the daemon exited {proc.returncode}:\n{_log(log)[-4000:]}"
+            await asyncio.sleep(0.1)
+
+
+async def test_serve_connects_to_nri_when_dra_serves_nics_and_disconnects_on_sigterm(tmp_path, roots, apiserver,
+                                                                                    nri_runtime_bin):
+    rt = await NriRuntime.start(nri_runtime_bin, os.path.join(roots, "nri.sock"))
+    proc, log = await _serve(tmp_path, roots, apiserver, "--dra-resources", "topo.dev/nic")  # --netdev-attach: auto
+    try:
+        registered = await rt.wait_for(lambda e: e.get("event") == "registered", "the daemon to register")
+        assert registered["plugin"] == "10-topo-device-plugin"
+        await rt.wait_for(lambda e: e.get("event") == "synchronized", "the daemon to synchronize")
+        assert [n for n in os.listdir(os.path.join(roots, "kubelet", "plugins", DRIVER)) if "netattach" in n]
+        mark = len(rt.events)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        await rt.wait_for(lambda e: e.get("event") == "closed", "the connection to close", after=mark)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await rt.close()
+
+
+@pytest.mark.parametrize("args", [("--dra-resources", "nvidia.com/gpu"),  # NICs on the device-plugin side
+                                  ("--dra-resources", "topo.dev/nic", "--netdev-attach", "off")],
+                         ids=["gpu-only-dra", "off"])
+async def test_serve_leaves_nri_alone_unless_dra_serves_nics_to_attach(tmp_path, roots, apiserver, args):
+    proc, log = await _serve(tmp_path, roots, apiserver, *args)
+    try:
+        await _until_logged(proc, log, "DRA driver serving")  # the NRI decision is logged before this line
+        assert "through NRI" not in _log(log) and "NRI plugin" not in _log(log)
+        # The NIC side was never built: its ledger (a lock file from the first moment) is not there.
+        assert not [n for n in os.listdir(os.path.join(roots, "kubelet", "plugins", DRIVER)) if "netattach" in n]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

@@ -97,6 +97,10 @@ BAD = [
      f"{P}.addresses[0]", "prefix length"),
     ("address without a prefix", _with(lambda p: p.update(addresses=["192.0.2.10"])), PAIR,
      f"{P}.addresses[0]", "192.0.2.10/24"),
+    ("address not in canonical form", _with(lambda p: p.update(addresses=["2001:DB8:0::10/64"])), PAIR,
+     f"{P}.addresses[0]", "2001:db8::10/64"),
+    ("IPv4-mapped address", _with(lambda p: p.update(addresses=["::ffff:192.0.2.1/120"])), PAIR,
+     f"{P}.addresses[0]", "192.0.2.1/24"),
     ("address listed twice", _with(lambda p: p.update(addresses=["192.0.2.10/24", "192.0.2.10/24"])), PAIR,
      f"{P}.addresses", "once"),
     ("addresses not a list", _with(lambda p: p.update(addresses="192.0.2.10/24")), PAIR,
@@ -191,3 +195,29 @@ def test_a_valid_claim_is_not_changed_by_planning():
     before = copy.deepcopy(c)
     plan(c, PAIR)
     assert c == before
+
+
+ADDRESS_FORMS = ["192.0.2.10/24", "2001:db8::10/64", "2001:DB8::10/64", "2001:db8:0::10/64", "fe80::1/64",
+                 "2001:0db8::1/64", "::ffff:192.0.2.1/120", "192.0.2.0/24", "::1/128", "10.0.0.1/32"]
+
+
+@pytest.mark.parametrize("address", ADDRESS_FORMS)
+def test_addresses_are_refused_exactly_when_the_api_server_would_refuse_them_in_networkdata(address, claim_validator):
+    """An address we accept at prepare ends up in networkData.ips; one the API server refuses there would leave a
+    claim status we can never write. Both sides must agree, address by address."""
+    from claim_validation import run_validator
+
+    try:
+        plan(_with(lambda p: p.update(addresses=[address])), PAIR)
+        ours = True
+    except NicConfigError:
+        ours = False
+    status_claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": "pair", "namespace": "team", "uid": "0b4c1d1e-0000-4000-8000-00000000000a"},
+                    "spec": {"devices": {"requests": []}},
+                    "status": {"allocation": {"devices": {"results": [
+                        {"request": "nic", "driver": DRIVER, "pool": "node-a", "device": "nic-nic0"}]}},
+                        "devices": [{"driver": DRIVER, "pool": "node-a", "device": "nic-nic0", "conditions": [],
+                                     "networkData": {"interfaceName": "net1", "ips": [address]}}]}}
+    theirs = run_validator(claim_validator, status_claim)
+    assert ours == (theirs.returncode == 0), (address, ours, theirs.stderr)

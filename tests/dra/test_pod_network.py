@@ -31,10 +31,13 @@ from plugin.sources.simulated import load_node_yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
 
+from claim_validation import api_server_accepts  # noqa: E402
 from netattach_testlib import Net, ip_json, link, needs_root  # noqa: E402
 
 DRIVER = "topo.dev"
 NODE = "node-a"
+
+
 
 
 @pytest.fixture
@@ -110,7 +113,8 @@ def addresses(netns: str, ifname: str) -> list[str]:
     return sorted(f"{a['local']}/{a['prefixlen']}" for a in entry["addr_info"] if a.get("scope") != "link")
 
 
-async def test_a_pod_gets_its_nics_configured_and_the_claim_says_so_then_gives_them_back(net, side, apiserver):
+async def test_a_pod_gets_its_nics_configured_and_the_claim_says_so_then_gives_them_back(net, side, apiserver,
+                                                                                          claim_validator):
     a, b = net.veth(mtu=1500), net.veth(mtu=1500)
     s = side(node_with(a.name, b.name))
     pod = Sandbox(str(uuid.uuid4()), "team", "trainer", net.netns())
@@ -145,6 +149,9 @@ async def test_a_pod_gets_its_nics_configured_and_the_claim_says_so_then_gives_t
         ("Ready", "True", "InterfaceAttached")]
     (ns, name, manager, force, _) = apiserver.status_applies[-1]
     assert (ns, name, manager, force) == ("team", "pair", DRIVER, True)
+    # What we wrote is what a 1.37 API server takes, and the permission it asks for is the chart's RBAC rule.
+    asked = api_server_accepts(claim_validator, apiserver.claims[("team", "pair")])
+    assert f"associated-node:patch resourceclaims/driver {DRIVER}" in asked
 
     await s.network.stop_pod_sandbox(pod)
     for v in (a, b):
@@ -158,7 +165,8 @@ async def test_a_pod_gets_its_nics_configured_and_the_claim_says_so_then_gives_t
     assert await s.checkpoint.read() == {}
 
 
-async def test_a_bad_config_fails_prepare_moves_nothing_and_says_why_on_the_claim(net, side, apiserver):
+async def test_a_bad_config_fails_prepare_moves_nothing_and_says_why_on_the_claim(net, side, apiserver,
+                                                                                  claim_validator):
     a = net.veth()
     s = side(node_with(a.name))
     good = apiserver.add_claim("team", "good", results(("gpu-0", "gpus")))
@@ -176,6 +184,7 @@ async def test_a_bad_config_fails_prepare_moves_nothing_and_says_why_on_the_clai
     [cond] = entry["conditions"]
     assert (entry["device"], cond["status"], cond["reason"]) == ("nic-nic0", "False", "InvalidNicConfig")
     assert "70000 is above" in cond["message"]
+    api_server_accepts(claim_validator, apiserver.claims[("team", "bad")])
 
 
 async def test_without_nri_a_config_is_refused_saying_how_to_turn_it_on(net, side, apiserver):
@@ -239,3 +248,20 @@ async def test_pods_without_our_nics_are_left_alone(net, side, apiserver):
     assert [x["ifname"] for x in ip_json(netns, "link", "show")] == ["lo"]
     await s.status.flush()
     assert apiserver.status_applies == []
+
+
+async def test_a_claim_prepared_by_the_other_instance_is_attached_at_the_next_sandbox_start(net, side, apiserver):
+    """During a rolling update two instances share the checkpoint; the sandbox side keeps the parsed file
+    between pod starts, and must still see what the other instance prepared."""
+    a = net.veth()
+    topo = node_with(a.name)
+    ours, other = side(topo), side(topo)
+    netns = net.netns()
+    await ours.network.run_pod_sandbox(Sandbox("p-plain", "team", "plain", netns))  # the file is read and kept
+    pod = Sandbox(str(uuid.uuid4()), "team", "late", net.netns())
+    uid = apiserver.add_claim("team", "late", results(("nic-nic0", "nic")), pods=[pod.uid])
+    await other.preparer.prepare(ClaimRef("team", uid, "late"))
+    await ours.network.run_pod_sandbox(pod)
+    assert link(pod.netns, a.name)["address"] == a.mac
+    await ours.network.stop_pod_sandbox(pod)
+    assert link(None, a.name)["address"] == a.mac

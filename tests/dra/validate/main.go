@@ -1,4 +1,5 @@
-// slice-validate checks ResourceSlices the way a Kubernetes 1.37 API server does on create.
+// slice-validate checks ResourceSlices the way a Kubernetes 1.37 API server does on create, and the
+// status.devices entries a driver writes into a ResourceClaim the way it does on a status update.
 //
 //	slice-validate [-feature-gates=Name=bool,...] [FILE...]   (reads stdin without FILE)
 //
@@ -13,6 +14,11 @@
 //     registry's resourceslice.Strategy, which drops fields of disabled feature gates
 //     (PrepareForCreate) and runs the hand-written validation (pkg/apis/resource/validation)
 //     and the declarative validation of the v1 types.
+//
+// A document of kind ResourceClaim is the claim as it is after the driver's write (claimstatus.go):
+// the update is checked against the same claim without status.devices, through the registry's
+// status strategy (rest.BeforeUpdate with resourceclaim's StatusStrategy), as the driver's service
+// account bound to the claim's node; the authorization checks the strategy asks for are printed.
 //
 // Feature gates are the 1.37 defaults unless -feature-gates says otherwise (e.g.
 // DRADeviceTaints=false shows what an API server with that gate off keeps of a slice).
@@ -94,7 +100,7 @@ func main() {
 				fmt.Fprintf(os.Stderr, "%s: document %d: cannot split YAML: %v\n", names[i], doc, err)
 				os.Exit(2)
 			}
-			sum, empty, errs := check(raw)
+			line, name, empty, errs := check(raw)
 			if empty {
 				continue
 			}
@@ -102,11 +108,10 @@ func main() {
 			if len(errs) > 0 {
 				failures++
 				for _, e := range errs {
-					fmt.Fprintf(os.Stderr, "%s: document %d ResourceSlice %q: %v\n", names[i], doc, sum.Name, e)
+					fmt.Fprintf(os.Stderr, "%s: document %d %s: %v\n", names[i], doc, name, e)
 				}
 				continue
 			}
-			line, _ := json.Marshal(sum)
 			out.Write(append(line, '\n'))
 		}
 	}
@@ -116,13 +121,36 @@ func main() {
 		os.Exit(1)
 	}
 	if failures > 0 {
-		fmt.Fprintf(os.Stderr, "slice-validate: %d of %d ResourceSlices failed\n", failures, objects)
+		fmt.Fprintf(os.Stderr, "slice-validate: %d of %d objects failed\n", failures, objects)
 		os.Exit(1)
 	}
 }
 
-// check decodes one document strictly and runs the API server's create path on it.
-func check(raw []byte) (summary, bool, []error) {
+// check decodes one document strictly and runs the API server's path for its kind: the output line, the
+// object's name for messages, whether the document was empty, the problems.
+func check(raw []byte) ([]byte, string, bool, []error) {
+	js, err := yaml.YAMLToJSONStrict(raw)
+	if err != nil {
+		return nil, "", false, []error{fmt.Errorf("invalid YAML: %w", err)}
+	}
+	js = bytes.TrimSpace(js)
+	if len(js) == 0 || string(js) == "null" {
+		return nil, "", true, nil
+	}
+	var head metav1.TypeMeta
+	if err := json.Unmarshal(js, &head); err != nil {
+		return nil, "", false, []error{fmt.Errorf("not a Kubernetes object: %w", err)}
+	}
+	if head.APIVersion == resourcev1.SchemeGroupVersion.String() && head.Kind == "ResourceClaim" {
+		return checkClaimStatus(js)
+	}
+	sum, empty, errs := checkSlice(raw)
+	line, _ := json.Marshal(sum)
+	return line, fmt.Sprintf("ResourceSlice %q", sum.Name), empty, errs
+}
+
+// checkSlice decodes one ResourceSlice strictly and runs the API server's create path on it.
+func checkSlice(raw []byte) (summary, bool, []error) {
 	js, err := yaml.YAMLToJSONStrict(raw)
 	if err != nil {
 		return summary{}, false, []error{fmt.Errorf("invalid YAML: %w", err)}

@@ -3,14 +3,13 @@
 // choosing, driven through JSON lines so tests/nri can exercise plugin/nri
 // against the real protocol implementation instead of a hand-written double.
 //
-//	nri-runtime -socket PATH
+//	nri-runtime -socket PATH [-pods JSON]   (-pods: a list of pods as in add_pod, known from the start)
 //
 // stdin, one JSON object a line:
 //
-//	{"cmd": "add_pod", "pod": {"id", "uid", "namespace", "name", "netns"}}  a pod the runtime knows (Synchronize lists it)
+//	{"cmd": "add_pod", "pod": {"id", "uid", "namespace", "name", "netns", "pad"}}  a pod the runtime knows (Synchronize lists it)
 //	{"cmd": "run_pod" | "stop_pod" | "remove_pod", "id": POD_ID}          relay that event to the plugins
-//	{"cmd": "restart"}                                                     stop the runtime (closing plugin connections, removing the socket), start it again
-//	{"cmd": "quit"}
+//	{"cmd": "quit"}                                                        stop and exit (a runtime restart is: quit, start a new process)
 //
 // stdout, one JSON object a line: {"reply": CMD, "error": "..."} for every
 // command, in order; {"event": "registered", "plugin": "IDX-NAME"} when a plugin's
@@ -28,6 +27,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/containerd/nri/pkg/adaptation"
@@ -41,6 +41,8 @@ type podSpec struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	Netns     string `json:"netns"`
+	// Pad: an annotation of this many bytes, to make Synchronize outgrow one ttrpc message.
+	Pad int `json:"pad"`
 }
 
 type command struct {
@@ -157,17 +159,25 @@ func errText(err error) string {
 	return err.Error()
 }
 
+// add makes a pod known to the runtime (Synchronize lists it); netns is its network namespace path.
+func (r *runtime) add(s podSpec) {
+	p := &api.PodSandbox{Id: s.ID, Uid: s.UID, Namespace: s.Namespace, Name: s.Name,
+		Linux: &api.LinuxPodSandbox{Namespaces: []*api.LinuxNamespace{{Type: "ipc", Path: "/proc/1/ns/ipc"}}}}
+	if s.Pad > 0 {
+		p.Annotations = map[string]string{"pad": strings.Repeat("x", s.Pad)}
+	}
+	if s.Netns != "" {
+		p.Linux.Namespaces = append(p.Linux.Namespaces, &api.LinuxNamespace{Type: "network", Path: s.Netns})
+	}
+	r.podsMu.Lock()
+	r.pods = append(r.pods, p)
+	r.podsMu.Unlock()
+}
+
 func (r *runtime) handle(ctx context.Context, c command) error {
 	switch c.Cmd {
 	case "add_pod":
-		p := &api.PodSandbox{Id: c.Pod.ID, Uid: c.Pod.UID, Namespace: c.Pod.Namespace, Name: c.Pod.Name,
-			Linux: &api.LinuxPodSandbox{Namespaces: []*api.LinuxNamespace{{Type: "ipc", Path: "/proc/1/ns/ipc"}}}}
-		if c.Pod.Netns != "" {
-			p.Linux.Namespaces = append(p.Linux.Namespaces, &api.LinuxNamespace{Type: "network", Path: c.Pod.Netns})
-		}
-		r.podsMu.Lock()
-		r.pods = append(r.pods, p)
-		r.podsMu.Unlock()
+		r.add(c.Pod)
 		return nil
 	case "run_pod", "stop_pod", "remove_pod":
 		pod := r.find(c.ID)
@@ -191,15 +201,13 @@ func (r *runtime) handle(ctx context.Context, c command) error {
 		}
 		r.podsMu.Unlock()
 		return err
-	case "restart":
-		r.nri.Stop()
-		return r.start()
 	}
 	return fmt.Errorf("unknown command %q", c.Cmd)
 }
 
 func main() {
 	socket := flag.String("socket", "", "path of the NRI socket to listen on")
+	pods := flag.String("pods", "[]", "JSON list of pods the runtime knows from the start")
 	flag.Parse()
 	if *socket == "" {
 		fmt.Fprintln(os.Stderr, "nri-runtime: -socket PATH is required")
@@ -207,6 +215,14 @@ func main() {
 	}
 	r := &runtime{socket: *socket, dir: filepath.Dir(*socket), out: json.NewEncoder(os.Stdout)}
 	nrilog.Set(logger{r})
+	var initial []podSpec
+	if err := json.Unmarshal([]byte(*pods), &initial); err != nil {
+		fmt.Fprintf(os.Stderr, "nri-runtime: -pods: %v\n", err)
+		os.Exit(2)
+	}
+	for _, s := range initial {
+		r.add(s)
+	}
 	if err := r.start(); err != nil {
 		fmt.Fprintf(os.Stderr, "nri-runtime: %v\n", err)
 		os.Exit(1)
