@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from plugin.api.nri.v1alpha1 import api_pb2 as nri
+from plugin.errors import InputError
 from plugin.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Multiplexer
 from plugin.nri.ttrpc import Code, Endpoint, StatusError
 from plugin.watch.health import Backoff
@@ -90,6 +91,12 @@ class NriPlugin:
 
     def __init__(self, socket_path: str, handler: PodSandboxHandler, *, name: str = "topo-device-plugin",
                  index: str = "10", backoff: Backoff | None = None):
+        # Checked here, as the runtime does at RegisterPlugin: a bad one would be refused on every retry.
+        if not name:
+            raise InputError("NRI plugin name is empty: give the plugin a name (containerd lists it as INDEX-NAME)")
+        if len(index) != 2 or not index.isascii() or not index.isdigit():
+            raise InputError(f"NRI plugin index {index!r} is invalid: it must be two digits, e.g. '10' "
+                             "(NRI orders plugins by it)")
         self.socket_path = socket_path
         self.handler = handler
         self.name = name
@@ -164,7 +171,7 @@ class NriPlugin:
                 await mux_task
         finally:
             mux.close()
-        log.info("NRI runtime closed the connection on %s", self.socket_path)
+        log.info("NRI connection on %s closed", self.socket_path)
 
     async def _serve(self, service: str, method: str, payload: bytes) -> bytes:
         """The Plugin service: our three events and Synchronize reach the handler, the rest is answered empty."""
@@ -191,8 +198,10 @@ class NriPlugin:
         try:
             await self.handler.synchronize(pods)
         except Exception as exc:
+            # The runtime closes the connection on this answer; we register again after a backoff
+            # and get a fresh Synchronize then.
             log.warning("NRI synchronize handler failed for %d pods: %s", len(pods), exc)
-            raise
+            raise StatusError(Code.UNKNOWN, f"{self.name}: Synchronize of {len(pods)} pods: {exc}") from exc
         self._connected = True
         self.sessions += 1
         self._backoff.reset()

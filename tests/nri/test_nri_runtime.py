@@ -16,117 +16,29 @@ Without a Go toolchain the tests skip and say why; TOPO_DP_REQUIRE_NRI_TOOLS=1
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from topo_testkit.nri_runtime import Runtime, build
 
 from plugin.nri import NriPlugin, PodSandbox
 from plugin.watch.health import Backoff
-
-BUILD = Path(__file__).resolve().parents[1] / "support" / "nri_runtime" / "build.sh"
-#: Generous safety net for one expected event on a busy 2-core machine; never a timing assertion.
-WAIT_S = 60.0
 
 pytestmark = pytest.mark.timeout(900)  # a cold Go build runs inside the first test
 
 
 @pytest.fixture(scope="module")
 def runtime_binary() -> str:
-    proc = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True)
-    if proc.returncode == 0 and proc.stdout.strip():
-        return proc.stdout.strip().splitlines()[-1]
-    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-    reason = f"cannot build nri-runtime ({BUILD} exited {proc.returncode}):\n{tail}"
+    binary, reason = build()
+    if binary:
+        return binary
     print(reason, file=sys.stderr)
     if os.environ.get("TOPO_DP_REQUIRE_NRI_TOOLS") == "1":
         pytest.fail(reason)
     pytest.skip(reason)
-
-
-class Runtime:
-    """The Go NRI runtime as a subprocess: commands in, replies and events out, in order."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path):
-        self.proc = proc
-        self.log_path = log_path
-        self.lines: list[dict[str, Any]] = []
-        self._seen = 0  # lines already handed to a waiter
-        self._changed = asyncio.Condition()
-        self._pump = asyncio.create_task(self._read())
-
-    @classmethod
-    async def start(cls, binary: str, socket_path: str, pods: list[dict[str, Any]] | None = None) -> Runtime:
-        """A runtime listening on `socket_path`, knowing `pods` from the start (as after a restart)."""
-        log_path = Path(socket_path).parent / f"runtime-{os.urandom(4).hex()}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(binary, "-socket", socket_path, "-pods", json.dumps(pods or []),
-                                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-        rt = cls(proc, log_path)
-        await rt.next_event("listening")
-        return rt
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        async for raw in self.proc.stdout:
-            async with self._changed:
-                self.lines.append(json.loads(raw))
-                self._changed.notify_all()
-
-    async def _next(self, pred: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
-        """The first line after the last one returned that satisfies `pred`."""
-        async def find() -> dict[str, Any]:
-            async with self._changed:
-                while True:
-                    for i in range(self._seen, len(self.lines)):
-                        if pred(self.lines[i]):
-                            self._seen = i + 1
-                            return self.lines[i]
-                    if self.proc.returncode is not None or self._pump.done():
-                        raise AssertionError(f"nri-runtime exited waiting for {what}; it said {self.lines}\n"
-                                             f"{self.log()}")
-                    await self._changed.wait()
-
-        try:
-            return await asyncio.wait_for(find(), WAIT_S)
-        except TimeoutError:
-            raise AssertionError(f"no {what} from nri-runtime; it said {self.lines}\n{self.log()}") from None
-
-    def log(self) -> str:
-        """What NRI's runtime logged (stderr)."""
-        return self.log_path.read_text(errors="replace")
-
-    async def next_event(self, name: str) -> dict[str, Any]:
-        return await self._next(lambda line: line.get("event") == name, f"event {name!r}")
-
-    async def command(self, cmd: str, **fields: Any) -> str:
-        """Send a command; the error the runtime got doing it ("" for none)."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps({"cmd": cmd, **fields}) + "\n").encode())
-        await self.proc.stdin.drain()
-        reply = await self._next(lambda line: line.get("reply") == cmd, f"reply to {cmd}")
-        return reply["error"]
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line.get("event") == name]
-
-    async def close(self) -> None:
-        if self.proc.returncode is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(b'{"cmd": "quit"}\n')
-            self.proc.stdin.close()
-            try:
-                await asyncio.wait_for(self.proc.wait(), WAIT_S)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        await self._pump
 
 
 class Recorder:
@@ -135,6 +47,7 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.fail: set[str] = set()
+        self.fail_syncs = 0  # how many synchronize calls raise before one succeeds
         self.changed = asyncio.Event()
 
     def _record(self, what: str, arg: Any) -> None:
@@ -143,6 +56,9 @@ class Recorder:
 
     async def synchronize(self, pods: list[PodSandbox]) -> None:
         self._record("synchronize", pods)
+        if self.fail_syncs:
+            self.fail_syncs -= 1
+            raise RuntimeError("the API server is unreachable")
 
     async def run_pod_sandbox(self, pod: PodSandbox) -> None:
         self._record("run", pod)
@@ -202,12 +118,13 @@ async def test_registers_and_synchronize_delivers_the_pods_the_runtime_knows(run
     assert synced == {"event": "synchronized", "pods": ["uid-a", "uid-b"], "error": ""}
     assert recorder.syncs() == [[PYPOD_A, PYPOD_B]]
     assert plugin.connected
+    assert (await runtime.next_event("connected"))["plugin"] == "10-topo-device-plugin"
 
 
 async def test_pod_sandbox_events_reach_the_handler_in_order(runtime, plugin, recorder):
     await runtime.command("add_pod", pod=POD_A)
     await plugin.start()
-    await runtime.next_event("synchronized")
+    await runtime.next_event("connected")  # synchronized, and the events go to it
 
     assert await runtime.command("run_pod", id="sandbox-a") == ""
     assert await runtime.command("stop_pod", id="sandbox-a") == ""
@@ -220,7 +137,7 @@ async def test_a_handler_error_is_the_runtimes_error_and_the_plugin_stays_connec
     await runtime.command("add_pod", pod=POD_B)
     recorder.fail.add("trainer-0")
     await plugin.start()
-    await runtime.next_event("synchronized")
+    await runtime.next_event("connected")  # synchronized, and the events go to it
 
     error = await runtime.command("run_pod", id="sandbox-a")
     # What containerd would fail RunPodSandbox with: our plugin, the event, the pod and the reason.
@@ -247,12 +164,29 @@ async def test_a_runtime_restart_reconnects_and_synchronizes_again(runtime_binar
         synced = await second.next_event("synchronized")
         assert synced == {"event": "synchronized", "pods": ["uid-b"], "error": ""}
         assert recorder.syncs() == [[PYPOD_A], [PYPOD_B]]
+        await second.next_event("connected")
         # Events flow on the new connection.
         assert await second.command("run_pod", id="sandbox-b") == ""
         assert recorder.calls[-1] == ("run", PYPOD_B)
         assert plugin.connected and plugin.sessions == 2
     finally:
         await second.close()
+
+
+async def test_a_failed_synchronize_is_reported_then_retried_on_a_new_connection(runtime, plugin, recorder):
+    """NRI drops a plugin whose Synchronize failed; the plugin registers again and gets a fresh Synchronize."""
+    await runtime.command("add_pod", pod=POD_A)
+    recorder.fail_syncs = 1
+    await plugin.start()
+    failed = await runtime.next_event("synchronized")
+    assert "Synchronize of 1 pods: the API server is unreachable" in failed["error"]
+    await runtime.next_event("registered")  # the plugin came back
+    again = await runtime.next_event("synchronized")
+    assert again == {"event": "synchronized", "pods": ["uid-a"], "error": ""}
+    assert recorder.syncs() == [[PYPOD_A], [PYPOD_A]] and plugin.connected
+    await runtime.next_event("connected")
+    assert await runtime.command("run_pod", id="sandbox-a") == ""
+    assert recorder.calls[-1] == ("run", PYPOD_A)
 
 
 async def test_a_plugin_started_before_the_runtime_connects_when_the_socket_appears(
@@ -284,7 +218,7 @@ async def test_a_synchronize_split_over_several_messages_reaches_the_handler_who
 
 async def test_stop_closes_the_connection_and_the_runtime_sees_it(runtime, plugin):
     await plugin.start()
-    await runtime.next_event("synchronized")
+    await runtime.next_event("connected")  # synchronized, and the events go to it
     await plugin.stop()
     assert (await runtime.next_event("closed"))["plugin"] == "10-topo-device-plugin"
     assert not plugin.connected

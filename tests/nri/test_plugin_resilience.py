@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import struct
 
+import pytest
+
+from plugin.errors import InputError
 from plugin.nri import NriPlugin, PodSandbox
 from plugin.nri.mux import MAX_PAYLOAD
 from plugin.watch.health import Backoff
@@ -76,3 +79,13 @@ async def test_stop_while_waiting_for_an_absent_socket_returns(tmp_path):
     await asyncio.sleep(0.05)  # let it fail a few connects; what is checked is that stop() ends it cleanly
     await plugin.stop()
     assert not plugin.connected and plugin._task is None
+
+
+@pytest.mark.parametrize(("name", "index", "message"), [
+    ("", "10", "NRI plugin name is empty"),
+    ("topo", "1", "NRI plugin index '1' is invalid: it must be two digits"),
+    ("topo", "1a", "NRI plugin index '1a' is invalid"),
+])
+def test_a_name_or_index_the_runtime_would_refuse_is_refused_up_front(name, index, message):
+    with pytest.raises(InputError, match=message):
+        NriPlugin("/run/nri/nri.sock", Nothing(), name=name, index=index)

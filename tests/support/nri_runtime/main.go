@@ -11,10 +11,12 @@
 //	{"cmd": "run_pod" | "stop_pod" | "remove_pod", "id": POD_ID}          relay that event to the plugins
 //	{"cmd": "quit"}                                                        stop and exit (a runtime restart is: quit, start a new process)
 //
-// stdout, one JSON object a line: {"reply": CMD, "error": "..."} for every
-// command, in order; {"event": "registered", "plugin": "IDX-NAME"} when a plugin's
+// stdout, one JSON object a line: {"reply": CMD, "error": "...", "us": N} for every
+// command, in order (us: microseconds the runtime spent on it, the plugins' round trips
+// included); {"event": "registered", "plugin": "IDX-NAME"} when a plugin's
 // RegisterPlugin call is accepted; {"event": "synchronized", "pods": [UID...], "error": "..."}
-// each time a connected plugin has been configured and synchronized; {"event": "closed",
+// each time a connected plugin has been configured and synchronized; {"event": "connected",
+// "plugin": ...} once the runtime has added it to the plugins its events go to; {"event": "closed",
 // "plugin": ...} when the runtime sees a plugin connection close. The runtime's own
 // log goes to stderr.
 package main
@@ -29,6 +31,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
@@ -64,8 +67,8 @@ type runtime struct {
 	registered int
 }
 
-// logger forwards NRI's log to stderr and turns the two lines that mark a plugin's
-// registration and disconnection into events (their format is pinned with nri v0.8.0).
+// logger forwards NRI's log to stderr and turns the lines that mark a plugin's
+// registration, admission and disconnection into events (their format is pinned with nri v0.8.0).
 type logger struct{ r *runtime }
 
 func (l logger) line(level, format string, args ...any) {
@@ -86,6 +89,8 @@ func (l logger) Infof(_ context.Context, format string, args ...any) {
 		l.r.registered++
 		l.r.podsMu.Unlock()
 		l.r.emit(map[string]any{"event": "registered", "plugin": fmt.Sprint(args[1])})
+	case format == "plugin %q connected and synchronized" && len(args) == 1:
+		l.r.emit(map[string]any{"event": "connected", "plugin": fmt.Sprint(args[0])})
 	case format == "connection to plugin %q closed" && len(args) == 1:
 		l.r.emit(map[string]any{"event": "closed", "plugin": fmt.Sprint(args[0])})
 	}
@@ -239,8 +244,10 @@ func main() {
 		if c.Cmd == "quit" {
 			break
 		}
+		start := time.Now()
 		err := r.handle(ctx, c)
-		r.emit(map[string]any{"reply": c.Cmd, "id": c.ID, "error": errText(err)})
+		us := time.Since(start).Microseconds()
+		r.emit(map[string]any{"reply": c.Cmd, "id": c.ID, "error": errText(err), "us": us})
 	}
 	r.nri.Stop()
 }
