@@ -43,6 +43,8 @@ class Binaries:
     #: The containerd to run: Debian's (no CDI), or a built one with CDI on (`cdi` True).
     containerd: str = "containerd"
     cdi: bool = False
+    #: NRI on, external plugins connecting at this path in the node (the built containerd v2 only).
+    nri_socket: str | None = None
 
     def __getitem__(self, name: str) -> str:
         return str(self.controlplane / name)
@@ -138,7 +140,7 @@ class Cluster:
         self.sb.sh("mount", "--bind", str(self.w / "numa-sysfs"), "/sys/devices/system/node")
         self.certificates()
         self.sb.start_containerd(self.bins.cni_bin, self.bins.pause_image, self.bins.containerd,
-                                 cdi_dirs=["/var/run/cdi"] if self.bins.cdi else [])
+                                 cdi_dirs=["/var/run/cdi"] if self.bins.cdi else [], nri_socket=self.bins.nri_socket)
         for archive in (self.bins.pause_archive, *images):
             self.sb.import_image(archive)
         self.start_etcd()

@@ -115,6 +115,13 @@ class Sandbox:
         self.namespaces = {k: _ns(self.holder.pid, k) for k in ("mnt", "net")}
         log(f"holder pid {self.holder.pid}: {self.namespaces}")
         self.sh("hostname", "topo-node")
+        # This machine's mounts below the overlaid directories (a /run/netns left by `ip netns`, say)
+        # would lie hidden under the overlays yet stay in the namespace's mount table, where a lookup
+        # of a path's mount by name finds them first (containerd's check that a HostToContainer
+        # source is a shared mount does): drop them here, in the holder's namespace only (its
+        # mounts are private copies, the machine's own stay).
+        for target in self.mounts_below(OVERLAID):
+            self.sh("umount", "-l", target)
         for d in OVERLAID:
             name = d.strip("/").replace("/", "-")
             upper, work = self.w / "overlay" / name / "upper", self.w / "overlay" / name / "work"
@@ -133,6 +140,13 @@ class Sandbox:
                      ["ip", "link", "set", "tdp-node", "up"], ["ip", "link", "set", "tdp-peer", "up"],
                      ["ip", "route", "add", "default", "dev", "tdp-node"]):
             self.sh(*argv)
+
+    def mounts_below(self, dirs: Iterable[str]) -> list[str]:
+        """Mount points in the holder's namespace strictly below `dirs`, deepest first."""
+        assert self.holder is not None
+        targets = {line.split()[4] for line in pathlib.Path(f"/proc/{self.holder.pid}/mountinfo").read_text().splitlines()}
+        below = [t for t in targets if any(t.startswith(d.rstrip("/") + "/") for d in dirs)]
+        return sorted(below, key=lambda t: (-t.count("/"), t))
 
     def enter(self) -> list[str]:
         assert self.holder is not None
@@ -199,8 +213,10 @@ class Sandbox:
         }
 
     def start_containerd(self, cni_bin: pathlib.Path, pause_image: str, binary: str = "containerd",
-                         cdi_dirs: Sequence[str] = ()) -> None:
-        """containerd (Debian's, or `binary`); `cdi_dirs`: enable CDI in its CRI plugin (containerd >= 1.7)."""
+                         cdi_dirs: Sequence[str] = (), nri_socket: str | None = None) -> None:
+        """containerd (Debian's, or `binary`); `cdi_dirs`: enable CDI in its CRI plugin (containerd >= 1.7);
+        `nri_socket`: turn NRI on with external plugins connecting there (containerd 2.x, where it is on
+        by default: said explicitly, so the test does not lean on a default that 1.7 does not share)."""
         d = self.w / "containerd"
         d.mkdir(exist_ok=True)
         (d / "cni-bin").symlink_to(cni_bin)
@@ -214,6 +230,8 @@ class Sandbox:
             anchor = "  restrict_oom_score_adj = true\n"
             assert anchor in text
             text = text.replace(anchor, anchor + f"  enable_cdi = true\n  cdi_spec_dirs = {json.dumps(list(cdi_dirs))}\n")
+        if nri_socket:
+            text += f'[plugins."io.containerd.nri.v1.nri"]\n  disable = false\n  socket_path = {json.dumps(nri_socket)}\n'
         cfg.write_text(text)
         # A containerd of our own finds its own runc shim first (containerd looks shims up in PATH).
         path = {"PATH": f"{os.path.dirname(binary)}:{os.environ.get('PATH', '')}"} if os.sep in binary else None

@@ -12,10 +12,7 @@ sits beside it, as `containerd` and `containerd-shim-runc-v2` in a directory of 
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
-import shutil
-import subprocess
 import sys
 from typing import Any
 
@@ -23,32 +20,12 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-for p in (HERE.parent / "cluster", ROOT / "tests" / "kubelet", ROOT / "scripts", ROOT):
+for p in (HERE, HERE.parent / "cluster", ROOT / "tests" / "kubelet", ROOT / "scripts", ROOT):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
 import cluster_fixtures  # noqa: E402
-
-
-def _go_build(program: str, name: str) -> str:
-    cmd = ["bash", str(ROOT / "scripts" / "go_build_cached.sh"), str(HERE / program), name]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        cluster_fixtures.unavailable(f"cannot build {name} ({' '.join(cmd)} exited {proc.returncode}):\n{tail}")
-    return proc.stdout.strip().splitlines()[-1]
-
-
-def containerd_with_cdi(directory: pathlib.Path) -> str:
-    """`directory`/containerd and `directory`/containerd-shim-runc-v2, built (cached) from containerd v2."""
-    for program, name, as_name in (("containerd", "containerd-v2", "containerd"),
-                                   ("containerd-shim", "containerd-shim-v2", "containerd-shim-runc-v2")):
-        built = _go_build(program, name)
-        try:
-            os.link(built, directory / as_name)
-        except OSError:  # another file system
-            shutil.copy2(built, directory / as_name)
-    return str(directory / "containerd")
+from containerd_v2 import containerd_with_cdi  # noqa: E402
 
 
 @pytest.fixture(scope="session")
