@@ -9,7 +9,7 @@ its peak, VmHWM) and how many modules it imported, and whether the parts a mode 
 left out (jsonschema, the HTTP server's h11, the DRA client lightkube), as the daemon's own
 `sys.modules` at exit (`topo_testkit.with_module_log`).
 
-Usage: python benchmarks/memory_bench.py [--node dgx-a100] [--calls 200]
+Usage: python benchmarks/memory_bench.py [--node dgx-a100] [--calls 200] [--hardware]
 """
 
 from __future__ import annotations
@@ -45,11 +45,37 @@ def status_mib(pid: int, field: str) -> float:
     return float("nan")
 
 
+def anon_file_mib(pid: int) -> str:
+    """The RSS split into anonymous memory and file-backed pages (libraries: shared with other processes,
+    reclaimable), from /proc/PID/smaps_rollup: real NVML's cost is mostly the second."""
+    kb: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[-1] == "kB":
+                    kb[parts[0].rstrip(":")] = int(parts[1])
+    except OSError:
+        return "-"
+    anon = kb.get("Anonymous", 0)
+    return f"{anon / 1024:.1f} / {(kb.get('Rss', 0) - anon) / 1024:.1f}"
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def hardware_modes(node: str) -> list[tuple[str, list[str], list[str]]]:
+    """On a GPU machine: this node's own devices (real NVML, sysfs NICs) beside the simulated node and the
+    NVML double, all on the same machine, so the price of real NVML is a difference of one run."""
+    return [
+        ("device plugin, real NVML (this node)", ["plugin"], []),
+        ("device plugin, NVML double", ["topo_testkit.with_fake_nvml", node], []),
+        (f"device plugin, --simulate {node}", ["plugin"], ["--simulate", node]),
+    ]
 
 
 def modes(node: str, tmp: str) -> list[tuple[str, list[str], list[str]]]:
@@ -84,6 +110,7 @@ async def measure(label: str, launcher: list[str], args: list[str], calls: int) 
                                    timeout=60)
             await asyncio.sleep(1.0)
             registered = status_mib(proc.pid, "VmRSS")
+            split = anon_file_mib(proc.pid)
             ids = sorted(kubelet.devices(GPU))
             for n in range(calls):
                 await kubelet.preferred(GPU, ids, [], 1 + n % max(1, len(ids)))
@@ -97,7 +124,7 @@ async def measure(label: str, launcher: list[str], args: list[str], calls: int) 
             modules = f.read().split()
     top = {m.split(".")[0] for m in modules}
     left_out = ", ".join(m for m in OPTIONAL if m not in top) or "-"
-    return [label, f"{registered:.1f}", f"{after:.1f}", f"{peak:.1f}", str(len(modules)), left_out]
+    return [label, f"{registered:.1f}", split, f"{after:.1f}", f"{peak:.1f}", str(len(modules)), left_out]
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -106,14 +133,14 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
 
 
-async def main(node: str, calls: int) -> None:
+async def main(node: str, calls: int, hardware: bool) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="tdp-memcfg-") as tmp:
-        for label, launcher, args in modes(node, tmp):
+        for label, launcher, args in (hardware_modes(node) if hardware else modes(node, tmp)):
             rows.append(await measure(label, launcher, args, calls))
     print(f"\nDaemon resident memory per mode: node {node}, {calls} GetPreferredAllocation calls; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
-    print(table(["mode", "RSS registered (MiB)", f"RSS after {calls} calls", "peak (VmHWM)",
+    print(table(["mode", "RSS registered (MiB)", "anon / file", f"RSS after {calls} calls", "peak (VmHWM)",
                  "modules", "not imported"], rows))
 
 
@@ -121,5 +148,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--node", default="dgx-a100")
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--hardware", action="store_true",
+                    help="on a GPU machine: measure the daemon on this node's NVML GPUs beside the double")
     a = ap.parse_args()
-    asyncio.run(main(a.node, a.calls))
+    asyncio.run(main(a.node, a.calls, a.hardware))

@@ -14,6 +14,7 @@ naming the call and NVML's error on stderr, writes nothing on stdout, and exits 
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import sys
@@ -56,7 +57,26 @@ def _profile(info: Any) -> Any:
     if isinstance(info, str):
         return info
     return {"id": info.id, "sliceCount": info.sliceCount, "instanceCount": info.instanceCount,
-            "memorySizeMB": info.memorySizeMB, "name": _text(getattr(info, "name", ""))}
+            "memorySizeMB": info.memorySizeMB, "multiprocessorCount": info.multiprocessorCount,
+            "name": _text(getattr(info, "name", ""))}
+
+
+def _placements(handle: Any, profile_index: int) -> Any:
+    """[(start, size), ...] NVML allows for the profile, or the NVML error as text."""
+    try:
+        return _placement_list(handle, profile_index)
+    except Exception as e:  # noqa: BLE001 - a binding older than the call must not lose the recording
+        return f"{type(e).__name__}: {e}"
+
+
+def _placement_list(handle: Any, profile_index: int) -> Any:
+    info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_index)
+    slots = (nvml.c_nvmlGpuInstancePlacement_t * 8)()  # 8 memory slices: at most 8 placements
+    count = ctypes.c_uint(8)
+    answer = _answer(nvml.nvmlDeviceGetGpuInstancePossiblePlacements, handle, info.id, slots, ctypes.byref(count))
+    if isinstance(answer, str):
+        return answer
+    return [[slots[i].start, slots[i].size] for i in range(count.value)]
 
 
 def _read(path: str, lines: int | None = None) -> Any:
@@ -88,6 +108,10 @@ def record(index: int) -> dict[str, Any]:
             "sysfs_numa_node": numa[0] if isinstance(numa, list) and numa else numa,
             "gpu_instance_profiles": {str(p): _profile(_answer(nvml.nvmlDeviceGetGpuInstanceProfileInfo, h, p))
                                       for p in range(count)},
+            # Where each offered profile may sit (NVML answers only in MIG mode; the error is recorded
+            # otherwise), and how many more fit now: what partitionable DRA devices are built from.
+            "gpu_instance_placements": {str(p): _placements(h, p) for p in range(count)
+                                        if not isinstance(_answer(nvml.nvmlDeviceGetGpuInstanceProfileInfo, h, p), str)},
             "mig_minors_head": _read("/proc/driver/nvidia-caps/mig-minors", 12),
             "proc_devices": [line for line in _read("/proc/devices") if "nvidia" in line],
         }

@@ -31,6 +31,7 @@ from ..allocation.pairing_service import PairingService
 from ..allocation.pod_resources import PodResourcesReader
 from ..allocation.search_pool import SearchPool
 from ..errors import InputError, TopoDevicePluginError
+from ..heap import release_free_heap
 from ..model.cdi.sync import SpecSync
 from ..model.resources import Resource, ResourceOptions, build_resources
 from ..model.serving_modes import DraDevices, split
@@ -150,6 +151,7 @@ class Daemon:
 
     async def _serve(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> int:
         self.topology = await asyncio.to_thread(self.source.load)
+        await asyncio.to_thread(release_free_heap, "discovery")
         resources, dra_resources = split(build_resources(self.topology, self.resource_options),
                                          self.resource_options.dra_resources)
         self.pairing.rebuild(self.topology, {r.name: r.devices for r in resources})

@@ -1,4 +1,4 @@
-"""MIG profiles and their placements on the GPUs that can be partitioned dynamically (A100, H100).
+"""MIG profiles and their placements on the GPUs that can be partitioned dynamically (A100, H100, H200).
 
 Why a table of our own: the DRA driver publishes every *possible* MIG placement of a
 partitionable GPU (KEP-4815), and the scheduler must see the same placements the GPU will
@@ -63,7 +63,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class GpuMigTable:
-    """The MIG profiles of one GPU model (80 GB A100 or H100)."""
+    """The MIG profiles of one GPU model (80 GB A100 or H100, 141 GB H200)."""
 
     family: str
     multiprocessors: int  # of the whole GPU
@@ -84,28 +84,40 @@ class GpuMigTable:
         return gpu_memory_mib // MEMORY_SLICES * profile.memory_slices
 
 
-def _profiles(sms: dict[str, int]) -> tuple[MigProfile, ...]:
-    """The A100/H100 80 GB profile set (the two have the same slices and placements; the SMs differ)."""
+def _profiles(sms: dict[str, int], gb: dict[str, int]) -> tuple[MigProfile, ...]:
+    """The profile set of an 8-memory-slice, 7-compute-slice GPU (A100 80GB, H100 80GB, H200 141GB: the same
+    slices and placements; the SMs and the memory in the names differ). `gb`: the memory word of each
+    size of instance, in slices; `sms`: its multiprocessors."""
     return (
-        MigProfile("1g.10gb", 0, 0, 1, 1, sms["1g"], (0, 1, 2, 3, 4, 5, 6)),
-        MigProfile("1g.20gb", 9, 0, 1, 2, sms["1g"], (0, 2, 4, 6)),
-        MigProfile("2g.20gb", 1, 1, 2, 2, sms["2g"], (0, 2, 4)),
-        MigProfile("3g.40gb", 2, 2, 3, 4, sms["3g"], (0, 4)),
-        MigProfile("4g.40gb", 3, 3, 4, 4, sms["4g"], (0,)),
-        MigProfile("7g.80gb", 4, 4, 7, 8, sms["7g"], (0,)),
+        MigProfile(f"1g.{gb['1']}gb", 0, 0, 1, 1, sms["1g"], (0, 1, 2, 3, 4, 5, 6)),
+        MigProfile(f"1g.{gb['2']}gb", 9, 0, 1, 2, sms["1g.2"], (0, 2, 4, 6)),
+        MigProfile(f"2g.{gb['2']}gb", 1, 1, 2, 2, sms["2g"], (0, 2, 4)),
+        MigProfile(f"3g.{gb['4']}gb", 2, 2, 3, 4, sms["3g"], (0, 4)),
+        MigProfile(f"4g.{gb['4']}gb", 3, 3, 4, 4, sms["4g"], (0,)),
+        MigProfile(f"7g.{gb['8']}gb", 4, 4, 7, 8, sms["7g"], (0,)),
     )
 
 
-A100_80GB = GpuMigTable("A100", 108, _profiles({"1g": 14, "2g": 28, "3g": 42, "4g": 56, "7g": 98}))
-H100_80GB = GpuMigTable("H100", 132, _profiles({"1g": 16, "2g": 32, "3g": 60, "4g": 64, "7g": 132}))
-TABLES = (A100_80GB, H100_80GB)
+_80GB = {"1": 10, "2": 20, "4": 40, "8": 80}
+A100_80GB = GpuMigTable("A100", 108, _profiles({"1g": 14, "1g.2": 14, "2g": 28, "3g": 42, "4g": 56, "7g": 98}, _80GB))
+# 1g.20gb has 26 SMs on GH100 (nvidia-smi mig -lgip on a lent H200, the same chip: tests/nvml/recorded).
+H100_80GB = GpuMigTable("H100", 132, _profiles({"1g": 16, "1g.2": 26, "2g": 32, "3g": 60, "4g": 64, "7g": 132}, _80GB))
+H200_141GB = GpuMigTable("H200", 132, _profiles({"1g": 16, "1g.2": 26, "2g": 32, "3g": 60, "4g": 64, "7g": 132},
+                                                {"1": 18, "2": 35, "4": 71, "8": 141}))
+#: (table, the GPU memory in MiB NVML reports for it, within these bounds)
+TABLES: tuple[tuple[GpuMigTable, int, int], ...] = (
+    (A100_80GB, 76_000, 82_000),
+    (H100_80GB, 76_000, 82_000),
+    (H200_141GB, 139_000, 146_000),  # 143771 MiB on the lent H200
+)
 
 
 def table_for(model: str | None, memory_mib: int | None) -> GpuMigTable | None:
     """The table of a GPU by its NVML name and memory; None for a GPU we have no table for.
 
-    Only the 80 GB parts: their profile names (`1g.10gb`...) are the ones in the table.
+    By memory too: the profile names (`1g.10gb`, `1g.18gb`...) carry it, so a 40 GB A100 or a 94 GB
+    H100 NVL, whose names differ, gets no table rather than wrong names.
     """
-    if not model or not memory_mib or not 76_000 <= memory_mib <= 82_000:
+    if not model or not memory_mib:
         return None
-    return next((t for t in TABLES if t.family in model), None)
+    return next((t for t, low, high in TABLES if t.family in model and low <= memory_mib <= high), None)

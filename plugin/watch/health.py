@@ -39,6 +39,8 @@ from typing import Any
 
 from allocator.topology import HEALTHY, UNHEALTHY, Device
 
+from ..heap import release_free_heap
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -399,6 +401,7 @@ class GpuHealthMonitor:
                     if self._event_set is None:
                         self._event_set = self._build_set()
                         self._flush()
+                        release_free_heap("NVML event registration")
                     self._check_recovery()
                     self._flush()
                     self.stats.wait_calls += 1

@@ -1,4 +1,4 @@
-"""What real NVML answered on a lent H100 (tests/nvml/recorded/), held against our code and our double.
+"""What real NVML answered on lent GPUs (H100, H200: tests/nvml/recorded/), held against our code and our double.
 
 The MIG tests run against the fake NVML; these pin the fake and the naming to what a real driver
 said, so a double that drifts from the hardware (or a naming rule that disagrees with NVIDIA's own
@@ -14,6 +14,7 @@ import pynvml
 import pytest
 
 from plugin.sources.nvml_mig import CapsReader, cap_minors, profile_name
+from plugin.sources.mig_profiles import table_for
 from plugin.sources.simulated import load_simulated
 from topo_testkit.fake_nvml import FakeNvml
 
@@ -81,3 +82,25 @@ def test_capability_minors_read_from_the_real_procfs_format(real, tmp_path):
         assert cap_minors(gpu, gi, ci or 0)[0 if ci is None else 1] == int(minor), name
         checked += 1
     assert checked, "the recording lists GPU-instance capability minors"
+
+
+def test_our_mig_table_is_the_one_the_recorded_gpu_offers(real):
+    """The profiles and placements partitionable DRA devices are published from (plugin/sources/mig_profiles)
+    against what the GPU itself answered: a wrong start slice would publish a device prepare cannot create."""
+    table = table_for(real["name"], real["memory_total_bytes"] // 2**20)
+    assert table is not None, f"no MIG table for {real['name']} with {real['memory_total_bytes'] // 2**20} MiB"
+    offered = _profiles(real)
+    for p in table.profiles:
+        answer = offered[p.gi_profile]
+        assert isinstance(answer, dict), f"{p.name}: the GPU refused profile index {p.gi_profile}: {answer}"
+        assert answer["name"] == f"MIG {p.name}"
+        assert (answer["sliceCount"], answer["instanceCount"]) == (p.compute_slices, len(p.starts)), p.name
+        if "multiprocessorCount" in answer:  # recordings from 2026-11-26 on
+            assert answer["multiprocessorCount"] == p.multiprocessors, p.name
+    # Recordings from 2026-11-26 on hold NVML's possible placements (answered with MIG mode off too).
+    for index, placements in real.get("gpu_instance_placements", {}).items():
+        ours = table.by_gi_profile(int(index))
+        if ours is None:
+            assert "+me" in offered[int(index)]["name"], f"profile index {index} is offered but not in our table"
+            continue
+        assert placements == [[s, ours.memory_slices] for s in ours.starts], ours.name
