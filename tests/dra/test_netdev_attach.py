@@ -25,11 +25,10 @@ import pytest
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
 from plugin.dra.network_config import API_VERSION, KIND
-from plugin.sources.simulated import load_node_yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
 
-from netattach_testlib import Net, link, needs_root  # noqa: E402
+from netattach_testlib import link, net, node_with_netdevs  # noqa: E402,F401  (net: the fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tests" / "support" / "nri_runtime" / "build.sh"
@@ -103,16 +102,6 @@ class NriRuntime:
 
 
 @pytest.fixture
-def net(tmp_path):
-    needs_root()
-    n = Net(tmp_path)
-    try:
-        yield n
-    finally:
-        n.close()
-
-
-@pytest.fixture
 def roots():
     base = tempfile.mkdtemp(prefix="dranri-", dir="/tmp")  # short: unix socket paths
     yield base
@@ -126,9 +115,7 @@ async def cluster(roots, kube_api, nri_runtime_bin):
 
     async def start(*netdevs: str, runtime: bool = True):
         rt = await NriRuntime.start(nri_runtime_bin, os.path.join(roots, "nri.sock")) if runtime else None
-        nics = "\n".join(f"  - {{name: nic{i}, numa: 0, netdev: {n}}}" for i, n in enumerate(netdevs))
-        topo = load_node_yaml(f"apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\ngpus: [{{numa: 0}}]\n"
-                              f"nics:\n{nics}\n", "node.yaml")
+        topo = node_with_netdevs(*netdevs)
         drv = DraDriver(DraOptions(SliceOptions(node_name=NODE, driver_name=DRIVER),
                                    kubelet_root=os.path.join(roots, "kubelet"), cdi_root=os.path.join(roots, "cdi"),
                                    instance_id="pod-1", resync_s=3600, netdev_attach="auto",

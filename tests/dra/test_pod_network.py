@@ -28,12 +28,11 @@ from plugin.dra.pod_network import PodNetwork
 from plugin.dra.prepare import ClaimPreparer, ClaimRef
 from plugin.dra.slices import SliceOptions
 from plugin.nri import PodSandbox as Sandbox
-from plugin.sources.simulated import load_node_yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
 
 from claim_validation import api_server_accepts  # noqa: E402
-from netattach_testlib import Net, ip_json, link, needs_root  # noqa: E402
+from netattach_testlib import ip_json, link, net, node_with_netdevs  # noqa: E402,F401  (net: the fixture)
 
 DRIVER = "topo.dev"
 NODE = "node-a"
@@ -42,26 +41,10 @@ NODE = "node-a"
 
 
 @pytest.fixture
-def net(tmp_path):
-    needs_root()
-    n = Net(tmp_path)
-    try:
-        yield n
-    finally:
-        n.close()
-
-
-@pytest.fixture
 def dirs():
     base = tempfile.mkdtemp(prefix="podnet-", dir="/tmp")
     yield base
     shutil.rmtree(base, ignore_errors=True)
-
-
-def node_with(*netdevs: str):
-    nics = "\n".join(f"  - {{name: nic{i}, numa: 0, netdev: {n}}}" for i, n in enumerate(netdevs))
-    return load_node_yaml(f"apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\ngpus: [{{numa: 0}}]\n"
-                          f"nics:\n{nics}\n", "node.yaml")
 
 
 class Side:
@@ -118,7 +101,7 @@ def addresses(netns: str, ifname: str) -> list[str]:
 async def test_a_pod_gets_its_nics_configured_and_the_claim_says_so_then_gives_them_back(net, side, apiserver,
                                                                                           claim_validator):
     a, b = net.veth(mtu=1500), net.veth(mtu=1500)
-    s = side(node_with(a.name, b.name))
+    s = side(node_with_netdevs(a.name, b.name))
     pod = Sandbox(str(uuid.uuid4()), "team", "trainer", net.netns())
     uid = apiserver.add_claim("team", "pair", results(("gpu-0", "gpus"), ("nic-nic0", "nic0"), ("nic-nic1", "nic1")),
                               config=[nic_config(["nic0"], interfaceName="net1", addresses=["192.0.2.10/24"],
@@ -169,7 +152,7 @@ async def test_a_pod_gets_its_nics_configured_and_the_claim_says_so_then_gives_t
 
 async def test_the_container_is_told_the_interface_names_it_will_have_in_the_pod(net, side, apiserver):
     a, b = net.veth(), net.veth()
-    s = side(node_with(a.name, b.name), nccl_env=True)
+    s = side(node_with_netdevs(a.name, b.name), nccl_env=True)
     uid = apiserver.add_claim("team", "named", results(("gpu-0", "gpus"), ("nic-nic0", "nic0"), ("nic-nic1", "nic1")),
                               config=[nic_config(["nic0"], interfaceName="fabric0")], pods=[str(uuid.uuid4())])
     await s.preparer.prepare(ClaimRef("team", uid, "named"))
@@ -187,7 +170,7 @@ async def test_the_container_is_told_the_interface_names_it_will_have_in_the_pod
 async def test_a_bad_config_fails_prepare_moves_nothing_and_says_why_on_the_claim(net, side, apiserver,
                                                                                   claim_validator):
     a = net.veth()
-    s = side(node_with(a.name))
+    s = side(node_with_netdevs(a.name))
     good = apiserver.add_claim("team", "good", results(("gpu-0", "gpus")))
     await s.preparer.prepare(ClaimRef("team", good, "good"))
     before = open(s.checkpoint.path, encoding="utf-8").read()
@@ -208,7 +191,7 @@ async def test_a_bad_config_fails_prepare_moves_nothing_and_says_why_on_the_clai
 
 async def test_without_nri_a_config_is_refused_saying_how_to_turn_it_on(net, side, apiserver):
     a = net.veth()
-    s = side(node_with(a.name), connected=False)
+    s = side(node_with_netdevs(a.name), connected=False)
     uid = apiserver.add_claim("team", "c", results(("nic-nic0", "nic")), config=[nic_config(["nic"], mtu=1500)])
     with pytest.raises(Exception, match=r"not connected to the container runtime's NRI socket .*fix: turn NRI on"):
         await s.preparer.prepare(ClaimRef("team", uid, "c"))
@@ -219,7 +202,7 @@ async def test_without_nri_a_config_is_refused_saying_how_to_turn_it_on(net, sid
 
 async def test_unprepare_gives_the_nics_back_before_the_claim_is_forgotten(net, side, apiserver):
     a = net.veth()
-    s = side(node_with(a.name))
+    s = side(node_with_netdevs(a.name))
     pod = Sandbox(str(uuid.uuid4()), "team", "p", net.netns())
     uid = apiserver.add_claim("team", "c", results(("nic-nic0", "nic")), pods=[pod.uid])
     await s.preparer.prepare(ClaimRef("team", uid, "c"))
@@ -232,7 +215,7 @@ async def test_unprepare_gives_the_nics_back_before_the_claim_is_forgotten(net, 
 
 async def test_a_restarted_driver_returns_nics_of_pods_that_went_and_attaches_pods_it_missed(net, side, apiserver):
     a, b = net.veth(), net.veth()
-    topo = node_with(a.name, b.name)
+    topo = node_with_netdevs(a.name, b.name)
     s = side(topo)
     gone = Sandbox(str(uuid.uuid4()), "team", "gone", net.netns())
     missed = Sandbox(str(uuid.uuid4()), "team", "missed", net.netns())
@@ -258,7 +241,7 @@ async def test_a_restarted_driver_returns_nics_of_pods_that_went_and_attaches_po
 
 
 async def test_pods_without_our_nics_are_left_alone(net, side, apiserver):
-    s = side(node_with(net.veth().name))
+    s = side(node_with_netdevs(net.veth().name))
     uid = apiserver.add_claim("team", "gpu", results(("gpu-0", "gpus")), pods=["p-gpu"])
     await s.preparer.prepare(ClaimRef("team", uid, "gpu"))
     netns = net.netns()
@@ -273,7 +256,7 @@ async def test_a_claim_prepared_by_the_other_instance_is_attached_at_the_next_sa
     """During a rolling update two instances share the checkpoint; the sandbox side keeps the parsed file
     between pod starts, and must still see what the other instance prepared."""
     a = net.veth()
-    topo = node_with(a.name)
+    topo = node_with_netdevs(a.name)
     ours, other = side(topo), side(topo)
     netns = net.netns()
     await ours.network.run_pod_sandbox(Sandbox("p-plain", "team", "plain", netns))  # the file is read and kept

@@ -16,9 +16,13 @@ import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
+from allocator.topology import NodeTopology
+from plugin.sources.simulated import load_node_yaml
 
 
 def needs_root() -> None:
@@ -118,3 +122,22 @@ class Net:
         for x in ip_json(None, "link", "show"):
             if x.get("address") in self.macs:
                 subprocess.run(["ip", "link", "del", x["ifname"]], capture_output=True)
+
+
+@pytest.fixture
+def net(tmp_path) -> Iterator[Net]:
+    """Real namespaces and veth pairs for one test, all removed after it (root only: skipped with the reason)."""
+    needs_root()
+    n = Net(tmp_path)
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def node_with_netdevs(*netdevs: str) -> NodeTopology:
+    """A simulated one-GPU node whose NICs are the given netdevs (veths of a test), in order."""
+    nics = "\n".join(f"  - {{name: nic{i}, numa: 0, netdev: {n}}}" for i, n in enumerate(netdevs))
+    return load_node_yaml(f"apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\ngpus: [{{numa: 0}}]\n"
+                          f"nics:\n{nics}\n", "node.yaml")
+
