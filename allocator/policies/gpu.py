@@ -31,6 +31,7 @@ class NumaFirstPolicy(SearchPolicy):
     """
 
     name = "numa-first"
+    subset_order = "numa-first"
 
     def objective(self, problem: Problem) -> Objective:
         return numa_first_objective(problem)
@@ -54,6 +55,7 @@ class LinkFirstPolicy(SearchPolicy):
     """
 
     name = "link-first"
+    subset_order = "link-first"
 
     def objective(self, problem: Problem) -> Objective:
         return link_first_objective(problem)
