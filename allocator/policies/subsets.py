@@ -3,22 +3,26 @@
 Why: on a node of at most `TABLE_MAX_DEVICES` devices there are at most 2^16 subsets, and
 what the plain (unpaired) policies rank a set by depends only on the set and on what it
 leaves behind: span(S), ports(S), W(S) and W(A\\S). Tables of span, ports and W over every
-subset (as a bitmask) make one candidate cost a few list look-ups, so a request that has
-few candidate sets C(|free|, size - |must|) (an 8-GPU node: at most 70) is answered by
-scanning them all, with no set-up per request: about ten times faster than the branch
-and bound's set-up alone, and exact by construction (every candidate is scored).
+subset (as a bitmask), folded into one table of keys per policy order, make one candidate
+cost two look-ups, so a request that has few candidate sets C(|free|, size - |must|) (an
+8-GPU node: at most 70) is answered by scanning them all, with no set-up per request, and
+exactly: every candidate is ranked by the policy's whole order (DGX-1, 8 free, size 4: about
+30 us against about 400 us for the branch and bound, `benchmarks/subset_tables_bench.py`).
 
 The tie rule (the lexicographically smallest sorted tuple of positions) is folded into the
 key: position i is bit `n - 1 - i` of a mask, so among sets of one size the one whose
 sorted positions are smallest is the one with the largest mask (the first position where
-two sets differ is the highest bit where their masks differ). Each policy's criteria,
-bounded by `_Bounds`, are packed into one integer above those n bits, so the best set is
+two sets differ is the highest bit where their masks differ). Each policy's criteria are
+packed into one integer above those n bits (each criterion's range is bounded by `w_bound`,
+`span_bound` or n + 1, so a later one never outweighs an earlier one), and the best set is
 simply the largest key.
 
-Memory: one table of W (8 bytes per subset) and one of span (1 byte), plus one of ports
-(1 byte) on resources whose devices have ports (NICs): about 0.6 MB for 16 devices, 2.3 KB
-for 8. Built on first use per graph (or ahead, `subset_tables`, by whoever builds the
-graph), in about 2^n list operations; kept while the graph lives.
+Memory, per subset: W and W shifted for the key (8 bytes each), span and ports (1 byte each;
+ports only where devices have ports: NICs), and the keys of each policy order used (8 bytes):
+about 1.6 MB for 16 devices, 6 KB for 8. Built in about 2^n list operations (16 devices: tens of ms, once per
+topology) where the resource is built (`prepare`) or else by the first request; kept for the
+graph, and for graphs of the same contents (a resource rebuilt after a health change), up to
+`_KEEP` topologies.
 """
 
 from __future__ import annotations
@@ -34,12 +38,13 @@ from itertools import combinations
 
 from ..topology import DeviceGraph
 
-#: Largest resource (devices) that gets tables: 2^16 subsets, 0.6 MB.
+#: Largest resource (devices) that gets tables: 2^16 subsets, about 1.6 MB.
 TABLE_MAX_DEVICES = 16
 #: Most candidate sets one request may scan; above it the branch and bound answers (it prunes,
-#: the scan does not). At about 0.25 us a candidate, 2,048 sets cost about what the search
-#: costs for such requests on 16 devices (`benchmarks/allocator_bench.py --tables`).
-TABLE_MAX_SETS = 2048
+#: the scan does not). A candidate costs about 0.25 us, so 1,024 sets cost about what the search
+#: costs for such requests on 16 devices: about where the scan stops being the cheaper one
+#: (`benchmarks/subset_tables_bench.py`).
+TABLE_MAX_SETS = 1024
 
 #: Orders the tables know: the unpaired objectives of `scoring.objective_key`.
 ORDERS = ("numa-first", "link-first", "spread", "packed")
@@ -127,16 +132,15 @@ class SubsetTables:
         wb, nb, pb = self.w_bound, self.span_bound, n + 1
         full = range(1 << n)
         if order == "numa-first":  # span, then W(S)
-            static = [wb * (sc[m] - wb * sp[m]) for m in full]
+            packed = [((wb * (sc[m] - wb * sp[m])) << n) + m for m in full]
         elif order == "link-first":  # W(S), then span
-            static = [wb * (nb * sc[m] - sp[m]) for m in full]
+            packed = [((wb * (nb * sc[m] - sp[m])) << n) + m for m in full]
         elif order in ("spread", "packed"):  # span, then most (spread) / fewest ports, then W(S)
             sign = 1 if order == "spread" else -1
             pt = self.ports if self.ports is not None else [m.bit_count() for m in full]
-            static = [wb * (wb * (sign * pt[m] - pb * sp[m]) + sc[m]) for m in full]
+            packed = [((wb * (wb * (sign * pt[m] - pb * sp[m]) + sc[m])) << n) + m for m in full]
         else:
             raise ValueError(f"no subset order {order!r}: expected one of {', '.join(ORDERS)}")
-        packed = [(v << n) + m for m, v in zip(full, static)]
         got = _compact(packed)
         self._keys[order] = got
         return got
