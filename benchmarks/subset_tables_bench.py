@@ -62,8 +62,8 @@ def main(rounds: int) -> None:
         a: list[float] = []
         b: list[float] = []
         for _ in range(rounds):
-            a.append(per_call_us(lambda: table.allocate(g, req), calls))
-            b.append(per_call_us(lambda: search.allocate(g, req), calls))
+            a.append(per_call_us(lambda g=g, req=req: table.allocate(g, req), calls))
+            b.append(per_call_us(lambda g=g, req=req: search.allocate(g, req), calls))
         scan = statistics.median(a) if sets <= TABLE_MAX_SETS else float("nan")
         print(f"{node:<14}{f:>5}{k:>5}{sets:>7}{scan:>10.0f}{statistics.median(b):>11.0f}"
               f"{statistics.median(b) / scan:>7.1f}" + ("" if sets <= TABLE_MAX_SETS else "  (above TABLE_MAX_SETS: searched)"))

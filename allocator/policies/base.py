@@ -19,7 +19,7 @@ from ..topology import DeviceGraph
 from .paired import PairedObjective, PairedProblem, solve_paired
 from .problem import Objective, Problem
 from .search import solve
-from .subsets import affordable, subset_tables
+from .subsets import TABLE_MAX_SETS, subset_tables
 
 #: Default search budget above the exact range (the spec's 20 ms).
 DEFAULT_TIME_BUDGET_S = 0.020
@@ -108,26 +108,24 @@ class SearchPolicy:
         tables = subset_tables(graph)
         if tables is None:
             return None
-        pos = graph.index_of()
-        bit = tables.bit
-        must = 0
-        for i in request.must_include:
-            must += bit[pos[i]]
-        free = [bit[j] for j in sorted(pos[i] for i in request.available) if not must & bit[j]]
+        bit_of = tables.bit_of
+        must = sum(map(bit_of.__getitem__, request.must_include))
+        # Any order: the scan ranks every candidate, and the tie rule is in the key.
+        free = [b for b in map(bit_of.__getitem__, request.available) if not must & b]
         picks = request.size - len(request.must_include)
         scanned = 0
         if picks == 0:
             mask = must
         elif picks == len(free):
             mask = must + sum(free)
-        elif affordable(len(free), picks):
-            mask = tables.best(self.subset_order, must, free, picks)  # type: ignore[arg-type]
-            scanned = math.comb(len(free), picks)
         else:
-            return None
+            scanned = math.comb(len(free), picks)
+            if scanned > TABLE_MAX_SETS:
+                return None
+            mask = tables.best(self.subset_order, must, free, picks)  # type: ignore[arg-type]
         left = must + sum(free) - mask
         return Allocation(
-            ids=tuple(graph.ids[i] for i in tables.positions(mask)),
+            ids=tables.members(mask),
             span=tables.span[mask],
             score=tables.score[mask],
             left_score=tables.score[left],

@@ -27,7 +27,6 @@ graph, and for graphs of the same contents (a resource rebuilt after a health ch
 
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 from array import array
@@ -69,6 +68,9 @@ class SubsetTables:
     span_bound: int
     #: left[m] = W(m) << n: the W(A\S) term of a key, with A \ S as the mask.
     left: Sequence[int]
+    #: The graph's IDs (the tables are shared by graphs of the same contents, IDs included) and each one's bit.
+    ids: tuple[str, ...]
+    bit_of: dict[str, int]
     _keys: dict[str, Sequence[int]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -108,15 +110,12 @@ class SubsetTables:
 
         return cls(n=n, bit=tuple(1 << (n - 1 - i) for i in range(n)), score=score, span=span, ports=ports,
                    w_bound=score[-1] + 1 if n else 1, span_bound=len(nodes) + 1,
-                   left=_compact([x << n for x in score]))
+                   left=_compact([x << n for x in score]), ids=graph.ids,
+                   bit_of={d: 1 << (n - 1 - i) for i, d in enumerate(graph.ids)})
 
-    def mask(self, positions: Sequence[int]) -> int:
-        bit = self.bit
-        return sum(bit[i] for i in positions)
-
-    def positions(self, mask: int) -> tuple[int, ...]:
-        """Sorted graph positions of `mask`."""
-        return tuple(i for i, b in enumerate(self.bit) if mask & b)
+    def members(self, mask: int) -> tuple[str, ...]:
+        """The IDs of `mask`, in graph order."""
+        return tuple(d for d, b in zip(self.ids, self.bit) if mask & b)
 
     def keys(self, order: str) -> Sequence[int]:
         """keys[m] = (the criteria of `order` that depend on the set alone, packed) << n, plus m.
@@ -252,8 +251,3 @@ def prepare(graph: DeviceGraph, order: str | None) -> None:
     tables = subset_tables(graph)
     if tables is not None:
         tables.keys(order)
-
-
-def affordable(free: int, picks: int) -> bool:
-    """Few enough candidate sets C(free, picks) for a scan (`TABLE_MAX_SETS`)."""
-    return 0 < picks <= free and math.comb(free, picks) <= TABLE_MAX_SETS
