@@ -33,6 +33,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import combinations
 
 from ..topology import DeviceGraph
@@ -209,7 +210,7 @@ _lock = threading.Lock()
 
 def subset_tables(graph: DeviceGraph) -> SubsetTables | None:
     """The tables of `graph` (built on first call, then kept: module doc); None above
-    `TABLE_MAX_DEVICES` devices or with a negative weight (the keys' bounds assume none)."""
+    `TABLE_MAX_DEVICES` devices or with a weight outside 0.._MAX_WEIGHT (then the search answers)."""
     if len(graph.ids) > TABLE_MAX_DEVICES:
         return None
     key = id(graph)
@@ -218,22 +219,24 @@ def subset_tables(graph: DeviceGraph) -> SubsetTables | None:
         return hit[1]
     contents = (graph.ids, graph.numa, graph.ports, tuple(tuple(row) for row in graph.weights))
     with _lock:
-        tables = _by_contents.get(contents, _MISSING)
-        if tables is not _MISSING:
-            _by_contents.move_to_end(contents)
-    if tables is _MISSING:
-        negative = any(v < 0 for row in graph.weights for v in row)
-        tables = None if negative else SubsetTables.build(graph)
+        known = contents in _by_contents
+        tables = _by_contents.get(contents)
+    if not known:
+        # Negative weights would break the bounds the keys are packed with, and W is kept in 8 bytes:
+        # the spec's links (10..100 x NVLinks) are far inside both limits.
+        odd = any(v < 0 or v >= _MAX_WEIGHT for row in graph.weights for v in row)
+        tables = None if odd else SubsetTables.build(graph)
     with _lock:
         _by_contents[contents] = tables
         _by_contents.move_to_end(contents)
         while len(_by_contents) > _KEEP:
             _by_contents.popitem(last=False)
-        _by_graph[key] = (weakref.ref(graph, lambda ref, key=key: _forget(key, ref)), tables)
-    return tables  # type: ignore[return-value]
+        _by_graph[key] = (weakref.ref(graph, partial(_forget, key)), tables)
+    return tables
 
 
-_MISSING: object = object()
+#: Largest pair weight the tables take: W of 16 devices (120 pairs) then fits 8 bytes with room.
+_MAX_WEIGHT = 1 << 40
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
