@@ -19,7 +19,7 @@ import pytest
 
 from allocator.policies import POLICY_NAMES, get_policy
 from allocator.policies.base import SearchPolicy
-from allocator.policies.subsets import TABLE_MAX_DEVICES, TABLE_MAX_SETS, subset_tables
+from allocator.policies.subsets import TABLE_MAX_DEVICES, TABLE_MAX_SETS, SubsetTables, subset_tables
 from allocator.request import AllocationError, AllocationRequest
 from allocator.topology import DeviceGraph
 from plugin.model.resources import ResourceOptions, build_resources
@@ -126,3 +126,17 @@ def test_tables_are_built_once_per_topology_and_not_above_the_device_limit():
     same = DeviceGraph(g.ids, g.numa, tuple(tuple(r) for r in g.weights), g.ports)  # a rebuilt resource
     assert subset_tables(g) is subset_tables(g) is subset_tables(same)
     assert subset_tables(random_graph(random.Random(3), TABLE_MAX_DEVICES + 1)) is None
+
+
+def test_resources_come_with_their_tables_so_no_request_builds_them(monkeypatch):
+    built: list[DeviceGraph] = []
+    real = SubsetTables.build.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(SubsetTables, "build", classmethod(lambda cls, g: built.append(g) or real(cls, g)))
+    # UUIDs: a topology no other test built tables for.
+    resources = build_resources(load_simulated("dgx-2-v100"), ResourceOptions(device_id_strategy="uuid"))
+    gpu = next(r for r in resources if r.name == "nvidia.com/gpu")
+    assert [g.ids for g in built if g.ids == gpu.graph.ids], "the resource build made the tables"
+    built.clear()
+    got = get_policy(gpu.policy).allocate(gpu.graph, request(gpu.graph, range(16), [], 2))
+    assert got.explored == math.comb(16, 2) and got.optimal  # scanned ...
+    assert built == [] and gpu.policy in subset_tables(gpu.graph)._keys  # ... with what was built ahead
