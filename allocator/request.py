@@ -87,20 +87,22 @@ class AllocationRequest:
                 f"unknown device IDs (longer than any ID this plugin advertised, which have at most {longest} "
                 f"characters): {brief_ids(too_long)}"
             )
-        rep = sorted(i for i, c in Counter(self.available).items() if c > 1)
-        if rep:
+        # Sets first: a request without repeats (every well-formed one) never builds a Counter.
+        avail = set(self.available)
+        must = set(self.must_include)
+        if len(avail) != len(self.available):
+            rep = sorted(i for i, c in Counter(self.available).items() if c > 1)
             raise AllocationError(f"available_deviceIDs repeats IDs: {brief_ids(rep)}")
-        rep = sorted(i for i, c in Counter(self.must_include).items() if c > 1)
-        if rep:
+        if len(must) != len(self.must_include):
+            rep = sorted(i for i, c in Counter(self.must_include).items() if c > 1)
             raise AllocationError(f"must_include_deviceIDs repeats IDs: {brief_ids(rep)}")
         known = set(graph.ids)
-        unknown = [i for i in self.available if i not in known]
-        unknown += [i for i in self.must_include if i not in known and i not in unknown]
-        if unknown:
+        if not (avail <= known and must <= known):
+            unknown = [i for i in self.available if i not in known]
+            unknown += [i for i in self.must_include if i not in known and i not in unknown]
             raise AllocationError(f"unknown device IDs (never advertised by this plugin): {brief_ids(unknown)}")
-        avail = set(self.available)
-        missing = [i for i in self.must_include if i not in avail]
-        if missing:
+        if not must <= avail:
+            missing = [i for i in self.must_include if i not in avail]
             raise AllocationError(
                 f"must_include_deviceIDs not in available_deviceIDs: {brief_ids(missing)}"
             )

@@ -24,11 +24,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..request import Policy
+from ..topology import DeviceGraph
 from .base import DEFAULT_EXACT_LIMIT, DEFAULT_TIME_BUDGET_S, SearchPolicy
 from .gpu import LinkFirstPolicy, NumaFirstPolicy
 from .mig import MigPolicy
 from .nic import PackedPolicy, SpreadPolicy
 from .replicas import ReplicaPolicy
+from .subsets import prepare
 
 _REGISTRY: dict[str, type[SearchPolicy]] = {
     "numa-first": NumaFirstPolicy,
@@ -64,6 +66,13 @@ def get_policy(name: str, **options: Any) -> Policy:
     return cls(**options)
 
 
+def prepare_tables(name: str, graph: DeviceGraph) -> None:
+    """Build what policy `name` looks up for `graph` (`subsets`: small resources) now, where the
+    resource is built, so that no request pays for it; nothing for other policies or an unknown name."""
+    cls = _REGISTRY.get(name)
+    prepare(graph, cls.subset_order if cls is not None else None)
+
+
 __all__ = [
     "DEFAULT_EXACT_LIMIT",
     "DEFAULT_GPU_POLICY",
@@ -79,4 +88,5 @@ __all__ = [
     "SearchPolicy",
     "SpreadPolicy",
     "get_policy",
+    "prepare_tables",
 ]

@@ -8,8 +8,10 @@ only says which objective it maximises.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..request import Allocation, AllocationRequest
 from ..scoring import left_score_idx, score_idx, span_idx
@@ -17,6 +19,7 @@ from ..topology import DeviceGraph
 from .paired import PairedObjective, PairedProblem, solve_paired
 from .problem import Objective, Problem
 from .search import solve
+from .subsets import TABLE_MAX_SETS, subset_tables
 
 #: Default search budget above the exact range (the spec's 20 ms).
 DEFAULT_TIME_BUDGET_S = 0.020
@@ -38,6 +41,9 @@ class SearchPolicy:
 
     #: Set by each subclass (a plain class attribute, so `Policy.name` reads it).
     name = "base"
+    #: The order (`subsets.ORDERS`) whose table scan answers this policy's requests without partners
+    #: on small resources, exactly as the search would; None: always search.
+    subset_order: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
         if self.time_budget_s is not None and not self.time_budget_s > 0:
@@ -64,6 +70,10 @@ class SearchPolicy:
     def allocate(self, graph: DeviceGraph, request: AllocationRequest) -> Allocation:
         started = time.perf_counter()
         request.validate(graph)
+        if self.subset_order is not None and not request.partners:
+            scanned = self._by_table(graph, request)
+            if scanned is not None:
+                return scanned
         p = Problem.build(graph, request)
         pp = PairedProblem.build(p, request.partners) if request.partners else None
         paired = self.paired_objective(pp) if pp is not None else None
@@ -87,6 +97,42 @@ class SearchPolicy:
                 return self._result(p, forced, True, 0)
             found = solve(p, self.objective(p), deadline)
         return self._result(p, found.members, found.optimal, found.explored, pp)
+
+    def _by_table(self, graph: DeviceGraph, request: AllocationRequest) -> Allocation | None:
+        """The answer by scanning every candidate set in the subset tables (`subsets`), or None when
+        the resource is too large or the request has too many candidate sets (then the search answers).
+
+        Exact like the search: every candidate is ranked by the policy's full order, ties included.
+        `explored` is the number of sets scanned (0 when the answer is forced).
+        """
+        tables = subset_tables(graph)
+        if tables is None:
+            return None
+        bit_of = tables.bit_of
+        must = sum(map(bit_of.__getitem__, request.must_include))
+        # Any order: the scan ranks every candidate, and the tie rule is in the key.
+        free = [b for b in map(bit_of.__getitem__, request.available) if not must & b]
+        picks = request.size - len(request.must_include)
+        scanned = 0
+        if picks == 0:
+            mask = must
+        elif picks == len(free):
+            mask = must + sum(free)
+        else:
+            scanned = math.comb(len(free), picks)
+            if scanned > TABLE_MAX_SETS:
+                return None
+            mask = tables.best(self.subset_order, must, free, picks)  # type: ignore[arg-type]
+        left = must + sum(free) - mask
+        return Allocation(
+            ids=tables.members(mask),
+            span=tables.span[mask],
+            score=tables.score[mask],
+            left_score=tables.score[left],
+            optimal=True,
+            explored=scanned,
+            policy=self.name,
+        )
 
     def _result(self, p: Problem, members: tuple[int, ...], optimal: bool, explored: int,
                 pp: PairedProblem | None = None) -> Allocation:

@@ -24,6 +24,7 @@ class SpreadPolicy(SearchPolicy):
     """Spread the pod over as many physical ports as its NUMA span allows (more bandwidth, fault isolation)."""
 
     name = "spread"
+    subset_order = "spread"
 
     def objective(self, problem: Problem) -> Objective:
         return nic_objective(problem, spread=True)
@@ -40,6 +41,7 @@ class PackedPolicy(SearchPolicy):
     """Pack the pod onto as few physical ports as possible (keep whole ports free for others)."""
 
     name = "packed"
+    subset_order = "packed"
 
     def objective(self, problem: Problem) -> Objective:
         return nic_objective(problem, spread=False)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from allocator.policies import prepare_tables
 from allocator.subdevices import child_graph
 from allocator.topology import Device, DeviceGraph, DeviceKind, NodeTopology
 
@@ -105,6 +106,7 @@ def _resource(
     graph = DeviceGraph.from_topology(topology, [d for _, d, _ in members], [i for i, _, _ in members])
     # NUMA in the graph follows what is advertised (an excluded topology means no NUMA preference).
     graph = DeviceGraph(graph.ids, tuple(n for _, _, n in members), graph.weights, graph.ports)
+    prepare_tables(policy, graph)  # built here (off the RPC path), not by the first request
     return Resource(name, kind, devs, policy, graph, builder, dict(policy_options or {}))
 
 

@@ -1,5 +1,6 @@
 """The shortcut that answers a GPU request without a search when every two available GPUs share one link
-(`gpu.uniform_lowest`: NVSwitch nodes such as the DGX A100 and H100).
+(`gpu.uniform_lowest`: NVSwitch nodes such as the DGX A100 and H100; up to 16 GPUs the subset tables
+answer first, so the shortcut is checked on its own as well as through the policies).
 
 Requests where it applies (NVSwitch nodes, and generated nodes with one weight everywhere, some
 NUMA nodes unknown) are compared with the brute-force oracle of the spec for both GPU policies,
@@ -18,7 +19,7 @@ from allocator.policies.problem import Problem
 from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 
-from alloc_testlib import brute_force, graph, random_graph, request
+from alloc_testlib import brute_force, graph, ids, random_graph, request
 
 POLICIES = ("numa-first", "link-first")
 
@@ -44,11 +45,14 @@ def test_on_nvswitch_nodes_the_shortcut_answers_every_request_as_the_oracle(node
     rng = random.Random(node)
     for _ in range(150):
         req = random_request(rng, g)
-        assert uniform_lowest(Problem.build(g, req)) is not None
+        forced = uniform_lowest(Problem.build(g, req))
+        assert forced is not None
         for name in POLICIES:
+            want = brute_force(g, name, req)
+            # The shortcut itself (up to 16 GPUs the policy answers from its subset tables first).
+            assert ids(g, forced) == want, (name, req)
             got = get_policy(name).allocate(g, req)
-            assert got.ids == brute_force(g, name, req), (name, req)
-            assert got.optimal and got.explored == 0
+            assert got.ids == want and got.optimal, (name, req)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -57,8 +61,12 @@ def test_on_uniform_nodes_with_unknown_numa_the_shortcut_is_the_oracle(seed):
     g = uniform_graph(rng, rng.randint(2, 10))
     for _ in range(10):
         req = random_request(rng, g)
+        forced = uniform_lowest(Problem.build(g, req))
+        assert forced is not None
         for name in POLICIES:
-            assert get_policy(name).allocate(g, req).ids == brute_force(g, name, req), (name, req)
+            want = brute_force(g, name, req)
+            assert ids(g, forced) == want, (name, req)
+            assert get_policy(name).allocate(g, req).ids == want, (name, req)
 
 
 @pytest.mark.parametrize("seed", range(10))
