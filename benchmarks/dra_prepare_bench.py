@@ -17,6 +17,10 @@ N-claim call. Printed table, not pass/fail.
 empty call (zero claims) on the same socket; the driver runs in this process (simulated DGX H100, all
 devices through DRA). `--profile` adds a cProfile of the 1-GPU calls: the driver's functions by own time.
 
+`--parts idle` (issue 24): claim reads over TLS (the stand-in with tests/dra/tls) sent `--idle-s` apart, as
+the kubelet's calls come on a quiet node, against reads back to back: their latency, and how many
+connections the server saw.
+
 `--code DIR` runs the driver of another checkout (e.g. `git archive <commit> | tar -x -C DIR`), for
 before/after figures; the stand-ins always come from this checkout.
 
@@ -44,6 +48,9 @@ ARGS.add_argument("--parts", default="writes,backlog,sigterm,hung",
                   help="which measurements, comma-separated (also: latency)")
 ARGS.add_argument("--calls", type=int, default=300, help="calls per kind for --parts latency")
 ARGS.add_argument("--profile", action="store_true", help="with latency: cProfile the 1-GPU calls")
+ARGS.add_argument("--idle-s", type=float, default=6.0, help="with idle: seconds between reads (httpx keeps "
+                  "an idle connection 5 s by default)")
+ARGS.add_argument("--idle-reads", type=int, default=5, help="with idle: how many spaced reads")
 ARGS.add_argument("--dir", default="/tmp", help="with latency: where the kubelet and CDI dirs live "
                   "(/dev/shm: a tmpfs, where fsync costs nothing, to see the disk's share)")
 OPTS = ARGS.parse_args()
@@ -253,7 +260,7 @@ async def _phases(drv, kube, api: ApiServerStandIn, calls: int) -> dict[str, lis
         uid = api.add_claim("team", f"phase-{i}", [{"request": "r", "driver": DRIVER, "pool": NODE,
                                                     "device": "gpu-0"}])
         await timed("phase: worker-thread hop", lambda: asyncio.to_thread(lambda: None))
-        await timed("phase: checkpoint read (flock, read, in a thread)", drv.checkpoint.read)
+        await timed("phase: checkpoint read (before the claim reads)", drv.checkpoint.read)
         await timed("phase: claim read from the API (stand-in, HTTP)", lambda: kube.get_claim("team", f"phase-{i}"))
         await timed("phase: CDI spec write (fsync, rename, dir fsync)", lambda: asyncio.to_thread(
             drv.cdi.write_claim_spec, uid, [("gpu-0", table["gpu-0"])]))
@@ -332,6 +339,40 @@ async def latency_run(calls: int, profile: bool) -> tuple[list[tuple[str, str]],
     return rows, prof_text
 
 
+async def idle_run(gap_s: float, n: int) -> list[tuple[str, str]]:
+    """Claim reads `gap_s` apart over TLS, then back to back: latency and connections opened."""
+    import ssl
+
+    from plugin.dra.kubeapi import kubeconfig_api
+
+    tls = ROOT / "tests" / "dra" / "tls"
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(tls / "server.crt", tls / "server.key")
+    api = ApiServerStandIn(NODE)
+    url = await api.start(ssl_context=ctx)
+    base = tempfile.mkdtemp(prefix="drb-", dir="/tmp")
+    kube = await kubeconfig_api(write_kubeconfig(pathlib.Path(base) / "kubeconfig", url, ca=str(tls / "ca.crt")))
+    add_claims(api, "idle", 1)
+    rows = []
+    try:
+        await kube.get_claim("team", "idle-0")
+        for label, gap, count in ((f"{gap_s:g} s apart", gap_s, n), ("back to back", 0.0, 50)):
+            before, took = len(api.connections), []
+            for _ in range(count):
+                await asyncio.sleep(gap)
+                t = time.perf_counter()
+                await kube.get_claim("team", "idle-0")
+                took.append(time.perf_counter() - t)
+            rows.append((f"claim read over TLS, {label}: p50 / max; new connections",
+                         f"{_pct(took, 0.5) * 1000:.2f} / {max(took) * 1000:.2f} ms; "
+                         f"{len(api.connections) - before} for {count} reads"))
+    finally:
+        await kube.close()
+        await api.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    return rows
+
+
 async def main() -> None:
     n = OPTS.claims
     print(f"driver code: {CODE}; {n} claims per big call; {os.cpu_count()} CPUs, "
@@ -352,6 +393,8 @@ async def main() -> None:
         rows.append(("SIGTERM during a big call: exit after", f"{await sigterm_run(n):.2f} s"))
     if "hung" in parts:
         rows.append(("one claim, hung API server: error after", f"{await hung_run():.1f} s"))
+    if "idle" in parts:
+        rows += await idle_run(OPTS.idle_s, OPTS.idle_reads)
     prof_text = ""
     if "latency" in parts:
         more, prof_text = await latency_run(OPTS.calls, OPTS.profile)

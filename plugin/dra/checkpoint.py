@@ -16,6 +16,13 @@ Why a file and why this shape:
   leaves either the old or the new file, never half of one.
 - The file carries a checksum of its claims, so a truncated or edited file is
   refused with an error naming it instead of being half-trusted.
+- The parsed claims are kept with the bytes they came from (issue 24): a read
+  whose bytes are the same (whoever wrote them, this instance or another) takes
+  them without parsing and checking the file again. `read()`, which only looks
+  (what is already prepared, before the claims are read from the API server),
+  reads the bytes on the loop without the lock (the file is only ever replaced
+  whole, by a rename) and goes to a worker thread only when they changed; what
+  it gives is a hint, every change re-reads under the lock.
 """
 
 from __future__ import annotations
@@ -132,14 +139,32 @@ class ClaimCheckpoint:
         self.writes = 0
         #: Locked sections running in worker threads now; their callers may already have gone.
         self.pending = 0
+        #: The file's last bytes seen (read or written) and its claims parsed from them; None: no file.
+        self._parsed: tuple[bytes | None, dict[str, PreparedClaim]] = (None, {})
+
+    def _raw(self) -> bytes | None:
+        try:
+            with open(self.path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def _cached(self, raw: bytes | None) -> dict[str, PreparedClaim] | None:
+        """A copy of the claims parsed from `raw` when they were the last bytes seen; None otherwise."""
+        seen, claims = self._parsed
+        return dict(claims) if raw == seen else None
 
     # -- file format ---------------------------------------------------------
     def _read(self) -> dict[str, PreparedClaim]:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return {}
+        raw = self._raw()
+        cached = self._cached(raw)
+        if cached is not None:
+            return cached
+        claims = self._parse(raw) if raw is not None else {}
+        self._parsed = (raw, dict(claims))
+        return claims
+
+    def _parse(self, raw: bytes) -> dict[str, PreparedClaim]:
         fix = ("move it aside only after checking that no pod on this node uses a claim of "
                f"{self.driver} (kubectl get resourceclaims -A), then restart the driver")
         try:
@@ -160,6 +185,7 @@ class ClaimCheckpoint:
         body = {uid: c.to_json() for uid, c in sorted(claims.items())}
         text = _encode({"version": FORMAT_VERSION, "driver": self.driver, "checksum": _checksum(body)}, body)
         replace_file(self.path, text, mode=0o600, prefix=".checkpoint-", durable=True)
+        self._parsed = (text.encode("utf-8"), dict(claims))
         self.writes += 1
 
     def _acquire(self) -> int:
@@ -199,7 +225,12 @@ class ClaimCheckpoint:
             os.close(fd)
 
     async def read(self) -> dict[str, PreparedClaim]:
-        """The prepared claims, read under the lock in a worker thread (nothing is written)."""
+        """The prepared claims (nothing is written): from the bytes read on the loop when they are the last
+        ones seen, else read and checked under the lock in a worker thread. A snapshot, as any read is once
+        the lock is released: a change decides under the lock again."""
+        cached = self._cached(self._raw())
+        if cached is not None:
+            return cached
         return await self.update(lambda claims: dict(claims))
 
     async def update(self, change: Callable[[dict[str, PreparedClaim]], T]) -> T:

@@ -18,6 +18,17 @@ timeout) raises `KubeApiUnreachable`, naming the server and what went wrong,
 so a caller can stop trying other requests at once instead of waiting for
 each to fail the same way.
 
+Connections (issue 24): one client, one pool of kept-alive connections for
+every call. httpx keeps an idle connection only 5 s by default, and the
+kubelet's prepare calls come seconds to minutes apart, so nearly every claim
+read opened a new TCP (and TLS) connection; `KEEPALIVE_S` keeps one for a
+minute, below the idle timeouts of API servers and load balancers. A
+connection the server closed while idle is seen by the pool before reuse (its
+socket reads EOF) and replaced; one closed at the moment a read is sent on it
+fails that read with no answer at all, so the reads (`GET`, idempotent) are
+tried once more on a new connection. A refused connection or a timeout is not
+retried: a dead or hung server still fails fast.
+
 RBAC the driver needs (the chart adds it): `get` nodes; `get` resourceclaims;
 `list`, `create`, `update`, `delete` resourceslices; `patch` resourceclaims/status
 and, since 1.36, `associated-node:patch` on the synthetic subresource
@@ -33,6 +44,7 @@ from typing import Any, TypeVar
 import httpx2
 import yaml
 from lightkube import AsyncClient, ConfigError, KubeConfig, SingleConfig
+from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SERVICE_ACCOUNT
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
@@ -42,6 +54,14 @@ __all__ = ["KubeApi", "KubeApiError", "KubeApiUnreachable", "KubeConfigError", "
            "kubeconfig_api"]
 
 T = TypeVar("T")
+
+#: Seconds an idle connection to the API server is kept for the next call (httpx's default: 5).
+KEEPALIVE_S = 60.0
+#: The pool: `PrepareLimits.reads_per_call` reads in flight per call stay well below it.
+LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_S)
+#: No answer because the connection went away under the request (the server closed a kept-alive connection
+#: as the request arrived, or reset it): a read is tried again once. Not a refused connection, not a timeout.
+_LOST = (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError)
 
 
 class KubeApiError(Exception):
@@ -76,6 +96,16 @@ async def _call(request: Awaitable[T]) -> T:
                                  f"{type(e).__name__}{': ' + str(e) if str(e) else ''})") from e
 
 
+async def _read(request: Callable[[], Awaitable[T]]) -> T:
+    """`_call` for an idempotent read, sent once more when its connection was lost under it (see `_LOST`)."""
+    try:
+        return await _call(request())
+    except KubeApiUnreachable as e:
+        if not isinstance(e.__cause__, _LOST):
+            raise
+    return await _call(request())
+
+
 def _server(e: httpx2.TransportError) -> str:
     """` at scheme://host:port` of the failed request, when the error carries one."""
     try:
@@ -100,7 +130,7 @@ class KubeApi:
         self.client = client
 
     async def node_uid(self, name: str) -> str:
-        node = await _call(self.client.get(Node, name))
+        node = await _read(lambda: self.client.get(Node, name))
         return node.metadata.uid
 
     async def list_slices(self, node_name: str, driver: str) -> list[dict[str, Any]]:
@@ -128,7 +158,7 @@ class KubeApi:
                 raise
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        claim = await _call(self.client.get(ResourceClaim, name, namespace=namespace))
+        claim = await _read(lambda: self.client.get(ResourceClaim, name, namespace=namespace))
         return claim.to_dict()
 
     async def apply_claim_status(self, namespace: str, name: str, devices: list[dict[str, Any]],
@@ -153,9 +183,18 @@ class KubeApi:
 def _api(load: Callable[[], KubeConfig | SingleConfig], where: str) -> KubeApi:
     try:
         config = load()
+        transport = _transport(config)
     except (ConfigError, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
         raise KubeConfigError(f"{where}: {type(e).__name__}: {e}") from None
-    return KubeApi(AsyncClient(config, lazy=False))
+    return KubeApi(AsyncClient(config, lazy=False, transport=transport))
+
+
+def _transport(config: KubeConfig | SingleConfig) -> httpx2.AsyncHTTPTransport:
+    """The client's connection pool with our keep-alive (`LIMITS`). lightkube takes a transport but then
+    leaves TLS to it, so the server's CA and the client certificate are set here as lightkube would."""
+    single = config.get() if isinstance(config, KubeConfig) else config
+    verify = verify_cluster(single.cluster, single.user, single.abs_file) if single.user else True
+    return httpx2.AsyncHTTPTransport(verify=verify, limits=LIMITS)
 
 
 async def in_cluster_api(service_account: str = SERVICE_ACCOUNT) -> KubeApi:

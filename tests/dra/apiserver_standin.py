@@ -92,6 +92,13 @@ class ApiServerStandIn:
         self.status_applies: list[tuple[str, str, str, bool, dict[str, Any]]] = []
         #: Who owns each entry of a claim's status.devices: (namespace, name) -> {entry key: field manager}.
         self.device_owners: dict[tuple[str, str], dict[tuple, str]] = {}
+        #: Claim reads still to drop when they arrive on a connection that already served a request: the
+        #: connection is closed without an answer (a server closing an idle keep-alive connection just as a
+        #: request comes in on it).
+        self.drop_reused_reads = 0
+        #: Connections that carried requests, with how many each (keep-alive: reads share connections).
+        self.connections: dict[int, int] = {}
+        self._transports: dict[int, asyncio.BaseTransport] = {}
         self._rv = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -130,6 +137,14 @@ class ApiServerStandIn:
         self.hold_claims = None
         self._released.set()
 
+    def close_idle_connections(self) -> int:
+        """Close every open client connection, as a server does with idle keep-alive connections (the
+        client sees its socket end); how many were closed."""
+        open_ = [t for t in self._transports.values() if not t.is_closing()]
+        for t in open_:
+            t.close()
+        return len(open_)
+
     def node_uid(self, name: str) -> str:
         return self.nodes[name]["metadata"]["uid"]
 
@@ -137,6 +152,16 @@ class ApiServerStandIn:
     @web.middleware
     async def _http(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.authorizations.append(request.headers.get("Authorization"))
+        transport = request.transport
+        assert transport is not None
+        conn = id(transport)
+        self._transports[conn] = transport
+        served = self.connections.get(conn, 0)
+        self.connections[conn] = served + 1
+        if served and self.drop_reused_reads > 0 and "/resourceclaims/" in request.path and request.method == "GET":
+            self.drop_reused_reads -= 1
+            transport.close()  # no status line: the client sees the connection end under its request
+            return web.Response()  # never sent
         if self.token is not None and request.headers.get("Authorization") != f"Bearer {self.token}":
             response: web.StreamResponse = _status(401, "Unauthorized", "Unauthorized")
         elif self.slice_failure is not None and "/resourceclaims/" not in request.path:

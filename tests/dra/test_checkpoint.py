@@ -154,3 +154,24 @@ def test_nic_networks_and_pods_round_trip_and_old_files_still_read(tmp_path):
     with open(cp.path, "w", encoding="utf-8") as f:
         f.write(_encode({"version": 1, "driver": "topo.dev", "checksum": _checksum(old_body)}, old_body))
     assert cp.load() == {"u1": _claim("u1")}
+
+
+async def test_what_one_instance_read_never_hides_what_another_wrote_or_damaged(tmp_path):
+    """Issue 24: an instance keeps the claims it parsed while the file's bytes stay the same; any change to
+    them (the other instance's write, a damaged file) is seen by its next read, locked or not."""
+    a, b = _cp(tmp_path), _cp(tmp_path)
+    await a.update(lambda claims: claims.update(u1=_claim("u1")))
+    assert await a.read() == await b.read() == {"u1": _claim("u1")}
+    await b.update(lambda claims: claims.update(u2=_claim("u2")))
+    assert await a.read() == {"u1": _claim("u1"), "u2": _claim("u2")}
+    assert await a.update(lambda claims: claims.pop("u1")) == _claim("u1")  # a's change starts from b's write
+    assert await b.read() == {"u2": _claim("u2")}
+    seen = await a.read()
+    seen.clear()  # what a read gives is the caller's to change
+    assert await a.read() == {"u2": _claim("u2")}
+    with open(a.path, "r+", encoding="utf-8") as f:
+        f.truncate(os.path.getsize(a.path) // 2)
+    with pytest.raises(CheckpointError, match="checkpoint.json"):
+        await a.read()
+    with pytest.raises(CheckpointError, match="checkpoint.json"):
+        await a.update(lambda claims: claims.update(u3=_claim("u3")))

@@ -176,3 +176,36 @@ async def test_no_answer_at_all_is_told_apart_from_an_error_answer(tmp_path):
             await api.get_claim("team", "missing")
     finally:
         await api.close()
+
+
+async def _claim(apiserver) -> str:
+    return apiserver.add_claim("team", "c", [{"request": "gpu", "driver": "topo.dev", "pool": NODE,
+                                              "device": "gpu-0"}])
+
+
+async def test_claim_reads_share_one_kept_alive_connection(apiserver, kube_api):
+    """Issue 24: a claim read does not pay for a new connection (a TCP and TLS handshake) each time."""
+    uid = await _claim(apiserver)
+    for _ in range(5):
+        assert (await kube_api.get_claim("team", "c"))["metadata"]["uid"] == uid
+    assert list(apiserver.connections.values()) == [5]
+
+
+async def test_a_connection_the_server_closed_while_idle_is_replaced(apiserver, kube_api):
+    uid = await _claim(apiserver)
+    await kube_api.get_claim("team", "c")
+    assert apiserver.close_idle_connections() == 1
+    assert (await kube_api.get_claim("team", "c"))["metadata"]["uid"] == uid
+    assert sorted(apiserver.connections.values()) == [1, 1]
+
+
+async def test_a_read_whose_connection_the_server_closes_under_it_is_sent_again_once(apiserver, kube_api):
+    """The server closes a kept-alive connection just as the read arrives on it (no answer at all): the
+    read is tried once more on a new connection, and the claim is read, not reported unreachable."""
+    uid = await _claim(apiserver)
+    await kube_api.get_claim("team", "c")
+    apiserver.drop_reused_reads = 1
+    assert (await kube_api.get_claim("team", "c"))["metadata"]["uid"] == uid
+    assert apiserver.drop_reused_reads == 0, "the read was not sent on the kept-alive connection"
+    assert sorted(apiserver.connections.values()) == [1, 2]
+    assert apiserver.claim_reads == 2
