@@ -58,7 +58,7 @@ def _request(rng: random.Random, me: Resource, other: Resource, index: PairingIn
     ids = list(me.graph.ids)
     # A third of the requests see the whole node free (the walk's first pods), the rest a random part.
     avail = ids if rng.random() < 1 / 3 else rng.sample(ids, rng.randint(1, len(ids)))
-    k = rng.randint(1, min(4, len(avail)))
+    k = rng.randint(1, min(5, len(avail)))
     must = rng.sample(avail, rng.randint(0, min(k, 2)))
     partner_ids = rng.sample(other.graph.ids, rng.randint(1, min(8, len(other.graph.ids))))
     return AllocationRequest.of(avail, must, k, index.partners(me.name, {other.name: partner_ids}))
