@@ -12,6 +12,10 @@ as a container's earlier `Allocate` gives them.
 
 The answer must be the oracle's very set (both apply the fixed rule), proven
 optimal, with the reported pairing its X and its pairs a one-to-one matching.
+On the NVSwitch nodes the GPU policies may answer without a search
+(`paired.uniform_links_pairing`); partners with arbitrary, often tied weights
+check that shortcut where the built-in NICs rarely lead (one GPU the best of
+two partners, partners without a NUMA node).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.pairing import PairingIndex, pairing_weight
+from allocator.pairing import PairingIndex, Partners, pairing_weight
 from allocator.policies import get_policy
 from allocator.request import AllocationRequest
 from plugin.model.resources import Resource, ResourceOptions, build_resources
@@ -82,3 +86,31 @@ def test_full_nodes_match_brute_force(name: str, policy: str, rng: random.Random
     assert got.pairing == pairing_weight(rows, len(req.partners))
     assert len({p for _, p, _ in got.pairs}) == len(got.pairs)
     assert {i for i, _, _ in got.pairs} <= set(got.ids)
+
+
+@pytest.mark.parametrize("name", ["dgx-2-v100", "dgx-a100", "dgx-h100"])
+@pytest.mark.parametrize("policy", GPU_POLICIES)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rng=st.randoms(use_true_random=False))
+def test_nvswitch_nodes_with_any_partner_weights_match_brute_force(name: str, policy: str,
+                                                                     rng: random.Random) -> None:
+    """All GPUs of these nodes share one link, where the GPU policies answer without a search when the
+    partners' best GPUs allow it: partners whose weights tie often (one GPU the best of several
+    partners, several GPUs the best of one, partners on no NUMA node) must still get the oracle's set."""
+    gpu, _, _ = _node(name)  # type: ignore[misc]
+    g = gpu.graph
+    ids = list(g.ids)
+    avail = ids if rng.random() < 1 / 3 else rng.sample(ids, rng.randint(2, len(ids)))
+    k = rng.randint(1, min(5, len(avail)))
+    must = rng.sample(avail, rng.randint(0, min(k, 2)))
+    n = rng.randint(1, 5)
+    nodes = sorted({x for x in g.numa if x is not None}) + [None]
+    weights = {i: tuple(rng.choice((0, 10, 20, 50)) for _ in range(n)) for i in ids if rng.random() < 0.8}
+    partners = Partners(tuple(f"nic=p{j}" for j in range(n)), tuple(rng.choice(nodes) for _ in range(n)),
+                        {i: r for i, r in weights.items() if any(r)})
+    req = AllocationRequest.of(avail, must, k, partners)
+    got = get_policy(policy).allocate(g, req)
+    ref = paired_brute_force(g, policy, req)
+    assert got.ids == ref
+    assert got.optimal
+    assert got.pairing == pairing_weight([partners.row(i) for i in got.ids], n)
