@@ -15,8 +15,8 @@ from .paired import (
     PairedProblem,
     forced_pairing,
     gpu_link_first_objective,
-    uniform_links_pairing,
     gpu_numa_first_objective,
+    uniform_links_pairing,
 )
 from .problem import Objective, Problem, link_first_objective, numa_first_objective
 
