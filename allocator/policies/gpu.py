@@ -18,6 +18,7 @@ from .paired import (
     forced_pairing,
     gpu_link_first_objective,
     gpu_numa_first_objective,
+    uniform_links_pairing,
 )
 from .problem import Objective, Problem, link_first_objective, numa_first_objective
 
@@ -107,10 +108,11 @@ def uniform_lowest(p: Problem) -> tuple[int, ...] | None:
 def _with_largest_score(pp: PairedProblem) -> tuple[int, ...] | None:
     """`forced_pairing`'s set when its W(S) is the largest any set of its size can have (the sum of
     the largest k(k-1)/2 link weights among the available GPUs, reached on NVSwitch nodes): then it
-    is optimal on span and W(S) too, and the only set with the best X among those."""
+    is optimal on span and W(S) too, and the only set with the best X among those. Else, on nodes whose
+    available GPUs all share one link weight, `paired.uniform_links_pairing`."""
     members = forced_pairing(pp)
     if members is None:
-        return None
+        return uniform_links_pairing(pp)
     p = pp.problem
     w = p.graph.weights
     k = len(members)

@@ -90,29 +90,44 @@ class PairedProblem:
     @classmethod
     def build(cls, p: Problem, partners: Partners) -> PairedProblem:
         # A named port no other available device shares counts exactly like a port of its own;
-        # marking it so lets NICs on separate ports (every NIC of a DGX) be twins.
-        shared = Counter(p.port[i] for i in p.available)
-        p = replace(p, own_port=tuple(own or shared[port] == 1 for own, port in zip(p.own_port, p.port)))
+        # marking it so lets NICs on separate ports (every NIC of a DGX) be twins. GPUs have no
+        # ports, so for them nothing changes and the problem is kept as is (no copy per request).
+        own_port = p.own_port
+        if not all(own_port[i] for i in p.available):
+            shared = Counter(p.port[i] for i in p.available)
+            marked = tuple(own or shared[port] == 1 for own, port in zip(own_port, p.port))
+            if marked != own_port:
+                p = replace(p, own_port=marked)
         ids = p.graph.ids
-        full = [partners.row(ids[i]) for i in p.available]
-        columns = list(zip(*full))
-        useful = [j for j, col in enumerate(columns) if any(col)]
+        n_partners = len(partners)
+        get = partners.weights.get
+        # Only candidates with some non-zero weight are listed in `partners.weights`; the rest
+        # pair with nothing, so their rows stay zero without a look-up per partner.
+        listed = [(i, r) for i in p.available if (r := get(ids[i])) is not None]
+        tops = [0] * n_partners
+        for _, r in listed:
+            for j, w in enumerate(r):
+                if w > tops[j]:
+                    tops[j] = w
+        useful = [j for j in range(n_partners) if tops[j] > 0]
         zero = (0,) * len(useful)
         rows = [zero] * len(ids)
-        whole = len(useful) == len(partners)
-        for i, r in zip(p.available, full):
-            rows[i] = r if whole else tuple(r[j] for j in useful)
-        # Each partner is matched once, at its best weight at most.
-        x_cap = sum(max(columns[j]) for j in useful)
+        bp = [0] * len(ids)
+        whole = len(useful) == n_partners
+        for i, r in listed:
+            row = r if whole else tuple(r[j] for j in useful)
+            rows[i] = row
+            bp[i] = max(row, default=0)
         return cls(
             problem=p,
             partners=partners,
             rows=tuple(rows),
             cols=len(useful),
-            col_ids=tuple(partners.ids[j] for j in useful),
+            col_ids=partners.ids if whole else tuple(partners.ids[j] for j in useful),
             partner_numa=tuple(sorted({n for n in partners.numa if n is not None})),
-            bp=tuple(max(r, default=0) for r in rows),
-            x_cap=x_cap,
+            bp=tuple(bp),
+            # Each partner is matched once, at its best weight at most.
+            x_cap=sum(tops),
         )
 
     def matching(self, members: Iterable[int]) -> Matching:
@@ -244,6 +259,82 @@ def forced_pairing(pp: PairedProblem) -> tuple[int, ...] | None:
     return members if pp.joint_span(members) == pp.joint_span(p.must) else None
 
 
+def uniform_links_pairing(pp: PairedProblem) -> tuple[int, ...] | None:
+    """The optimum of both GPU objectives with partners when every two available GPUs have the same
+    link (NVSwitch nodes: the DGX-2's 16 GPUs) and every partner's best devices are its own; else None.
+
+    Why it is exact: with one link weight between every two available GPUs, W(S) and W(A\\S) are
+    the same for every set of k (as in `gpu.uniform_lowest`), so both GPU objectives are left with
+    span(S u P) (smallest first), then X, then the tie rule. No valid set has a smaller span than
+    span(M u P); the sets that reach it are those of M and the devices on M's and P's NUMA nodes (or
+    on none). X(S) is at most x_cap, the sum of each partner's largest weight T_j, and reaches it
+    exactly when every partner j is matched to a device of weight T_j; when no device is the best
+    of two partners (the sets B_j of best devices are disjoint), that holds exactly when S meets
+    every B_j. So when such a set exists at that span, the answer is the lexicographically smallest
+    set of k that meets every B_j: taking the free devices lowest first, each one whenever a valid
+    completion with higher devices still exists (each B_j not met yet keeps a device above it, and
+    enough devices are left) gives exactly that set. Otherwise None, and the search decides.
+    Why: the search's set-up costs several times the whole unpaired answer on such nodes, and
+    requests whose partners have free best GPUs (a container's own NICs' GPUs) are the common case.
+    """
+    p = pp.problem
+    cols = pp.cols
+    avail = p.available
+    if not cols or len(avail) < 2:
+        return None
+    w = p.graph.weights
+    link = w[avail[0]][avail[1]]
+    for n, a in enumerate(avail):
+        row = w[a]
+        for b in avail[n + 1:]:
+            if row[b] != link:
+                return None
+    rows = pp.rows
+    tops = [0] * cols
+    for i in avail:
+        for j, x in enumerate(rows[i]):
+            if x > tops[j]:
+                tops[j] = x
+    owner: dict[int, int] = {}
+    for i in avail:
+        r = rows[i]
+        for j in range(cols):
+            if r[j] == tops[j]:
+                if i in owner:
+                    return None  # the best device of two partners: meeting both sets is not enough
+                owner[i] = j
+    numa = p.numa
+    known = set(pp.partner_numa)
+    known.update(numa[m] for m in p.must if numa[m] is not None)
+    free = [x for x in p.free if numa[x] is None or numa[x] in known]
+    unmet = set(range(cols))
+    for m in p.must:
+        unmet.discard(owner.get(m, -1))
+    # last[j]: the highest allowed free device among partner j's best (-1: none).
+    last = [-1] * cols
+    for x in free:
+        j = owner.get(x)
+        if j is not None:
+            last[j] = x
+    chosen = list(p.must)
+    slots = p.size - len(chosen)
+    if slots < len(unmet) or len(free) < slots or any(last[j] < 0 for j in unmet):
+        return None
+    for n, x in enumerate(free):
+        if not slots:
+            break
+        j = owner.get(x)
+        meets = j is not None and j in unmet
+        need = len(unmet) - meets
+        if (slots - 1 >= need and len(free) - n - 1 >= slots - 1
+                and all(last[u] > x for u in unmet if u != j)):
+            chosen.append(x)
+            slots -= 1
+            if meets:
+                unmet.discard(j)
+    return tuple(sorted(chosen))
+
+
 def _augmented(pp: PairedProblem, obj: PairedObjective) -> Objective:
     """The base objective with pair_coef * bp(q) added to each device's linear term: what orders the
     search's classes (devices that pair well first); `_PairedBranchAndBound` takes the bp back out."""
@@ -325,40 +416,82 @@ class _PairedBranchAndBound(_BranchAndBound):
         for n in pp.partner_numa:
             self.numa_count[n] = self.numa_count.get(n, 0) + 1
         self._grown: list[int] = []
-        # X(S) <= X'(S) + penalty * |S|, X' the pairing weight with every weight lowered by the
-        # penalty (a matching of S loses at most that per pair); and X'(S) <= u(S) + sum(v) for an
-        # optimal dual (u, v) of X'(A). So X(Q u T) <= u(Q) + u(T) + sum(v) + penalty * k: linear in
-        # the devices still allowed, exact for A itself. The penalty (the smallest weight, when k is
-        # below the number of partners) makes the bound see that k devices pair with k partners at most.
-        weights = [w for x in p.available for w in pp.rows[x] if w > 0]
-        pen = min(weights) if weights and p.size < pp.cols else 0
-        m = Matching(pp.cols)
-        for x in p.available:
-            m.push(tuple(max(w - pen, 0) for w in pp.rows[x]))
-        u_of, v = m.duals()
-        u = dict(zip(p.available, u_of))
-        self._dual_class = [sum(u[x] for x in ms) for ms in self.members]
-        self._dual_rest = sum(v) + pen * p.size
-        self._dual_chosen = sum(u[x] for x in p.must)
-        self._dual_u = u
-        #: (class index, used NUMA nodes when the span limit is reached) -> (prefix sums of the
-        #: credits of the devices still allowed, largest first; their summed dual u).
-        self._rest_cache: dict[tuple, tuple[list[int], int]] = {}
+        self._dual_u: dict[int, int] | None = None  # the duals (below), computed when first needed
+        self._dual_class: list[int] = []
+        self._dual_rest = 0
+        self._dual_chosen = 0
+        #: (class index, used NUMA nodes when the span limit is reached) -> [prefix sums of the
+        #: credits of the devices still allowed, largest first; those classes; their summed dual u
+        #: once the duals exist].
+        self._rest_cache: dict[tuple, list] = {}
         # What the i-th device taken from a class can add to X at most: the i-th largest weight of
         # its row (equal rows, one partner each).
-        self.xvals = [tuple(sorted(pp.rows[ms[0]], reverse=True)[:len(ms)]) for ms in self.members]
+        rows = pp.rows
+        self.xvals = [tuple(sorted(rows[ms[0]], reverse=True)[:len(ms)]) for ms in self.members]
+
+    def _duals(self) -> None:
+        """X(S) <= X'(S) + penalty * |S|, X' the pairing weight with every weight lowered by the
+        penalty (a matching of S loses at most that per pair); and X'(S) <= u(S) + sum(v) for an
+        optimal dual (u, v) of X'(A). So X(Q u T) <= u(Q) + u(T) + sum(v) + penalty * k: linear in
+        the devices still allowed, exact for A itself. The penalty (the smallest weight, when k is
+        below the number of partners) makes the bound see that k devices pair with k partners at most.
+
+        Computed at the first node the credits alone do not prune (`_refine_bound`), since a search
+        the credits settle never needs it; devices with an all-zero row are left out of the
+        matching (they are never matched, so u = 0 for them and v is unchanged).
+        """
+        pp = self.pp
+        p = pp.problem
+        rows = pp.rows
+        pen = 0
+        if p.size < pp.cols:
+            pen = min((w for x in p.available for w in rows[x] if w > 0), default=0)
+        m = Matching(pp.cols)
+        pushed = [x for x in p.available if pp.bp[x] > 0]
+        for x in pushed:
+            m.push(tuple(w - pen if w > pen else 0 for w in rows[x]) if pen else rows[x])
+        u_of, v = m.duals()
+        u = dict.fromkeys(p.available, 0)
+        u.update(zip(pushed, u_of))
+        self._dual_u = u
+        self._dual_class = [sum(u[x] for x in ms) for ms in self.members]
+        self._dual_rest = sum(v) + pen * p.size
+        # Must-include and the devices taken so far.
+        self._dual_chosen = sum(u[x] for x in self.chosen)
 
     def _classes(self, pool: tuple[int, ...]) -> list[TwinClass]:
-        """Twin classes split by pairing weights: only devices equal for X stay interchangeable."""
+        """Twin classes (`twins.twin_classes`) split by pairing weights: only devices equal for X stay
+        interchangeable. One pass: the signature holds the pairing row, and twins (equal weights to
+        every other available device) have equal degrees, so (NUMA, port kind, row, degree) only
+        groups candidates; the exact test on the link weights decides, as in `twin_classes`."""
+        p = self.p
+        w = p.graph.weights
+        avail = p.available
+        numa, own, port, degree = p.numa, p.own_port, p.port, p.degree
         rows = self.pp.rows
-        out: list[TwinClass] = []
-        for c in twin_classes(self.p, pool):
-            parts: dict[tuple[int, ...], list[int]] = {}
-            for m in c.members:
-                parts.setdefault(rows[m], []).append(m)
-            out.extend(TwinClass(tuple(ms), c.internal if len(ms) > 1 else 0) for ms in parts.values())
-        out.sort(key=lambda c: c.rep)
-        return out
+        buckets: dict[tuple, list[list[int]]] = {}
+        order: list[list[int]] = []
+        for x in pool:
+            sig = (numa[x], -1 if own[x] else port[x], rows[x], degree[x])
+            groups = buckets.get(sig)
+            if groups is None:
+                g = [x]
+                buckets[sig] = [g]
+                order.append(g)
+                continue
+            row = w[x]
+            for g in groups:
+                rrow = w[g[0]]
+                r = g[0]
+                if all(row[z] == rrow[z] for z in avail if z != x and z != r):
+                    g.append(x)
+                    break
+            else:
+                g = [x]
+                groups.append(g)
+                order.append(g)
+        # `pool` is ascending, so `order` is by first member already.
+        return [TwinClass(tuple(g), w[g[0]][g[1]] if len(g) > 1 else 0) for g in order]
 
     def _refine_bound(self, ub: int, c: int, r: int, closed: bool) -> int:
         """Add c_X * G, G a bound of how much X can still grow (see the module doc, point 3)."""
@@ -368,17 +501,25 @@ class _PairedBranchAndBound(_BranchAndBound):
             numa_count = self.numa_count
             cnuma = self.cnuma
             credits: list[int] = []
-            dual = 0
+            allowed: list[int] = []
             for d in range(c, self.nc):
                 n = cnuma[d]
                 if closed and n is not None and n not in numa_count:
                     continue
                 credits.extend(self.xvals[d])
-                dual += self._dual_class[d]
+                allowed.append(d)
             credits.sort(reverse=True)
-            rest = self._rest_cache[key] = ([0, *itertools.accumulate(credits)], dual)
-        tops, dual = rest
-        grow = min(tops[min(r, len(tops) - 1)], self._dual_chosen + dual + self._dual_rest - self.matching.total)
+            rest = self._rest_cache[key] = [[0, *itertools.accumulate(credits)], allowed, None]
+        tops = rest[0]
+        by_credits = tops[min(r, len(tops) - 1)]
+        if ub + self.pair_coef * by_credits < self.best_key:
+            return ub + self.pair_coef * by_credits  # pruned: the smaller bound below prunes as well
+        if self._dual_u is None:
+            self._duals()
+        dual = rest[2]
+        if dual is None:
+            dual = rest[2] = sum(self._dual_class[d] for d in rest[1])
+        grow = min(by_credits, self._dual_chosen + dual + self._dual_rest - self.matching.total)
         return ub + self.pair_coef * max(grow, 0)
 
     def _take(self, c: int, t: int) -> None:
@@ -390,12 +531,16 @@ class _PairedBranchAndBound(_BranchAndBound):
             grown += m.push(rows[x])
         self._grown.append(grown)
         self.lin += self.pair_coef * (grown - t * self.cbp[c])
-        self._dual_chosen += sum(self._dual_u[x] for x in self.members[c][:t])
+        u = self._dual_u
+        if u is not None:
+            self._dual_chosen += sum(u[x] for x in self.members[c][:t])
 
     def _untake(self, c: int, t: int) -> None:
         grown = self._grown.pop()
         for _ in range(t):
             self.matching.pop()
         self.lin -= self.pair_coef * (grown - t * self.cbp[c])
-        self._dual_chosen -= sum(self._dual_u[x] for x in self.members[c][:t])
+        u = self._dual_u
+        if u is not None:
+            self._dual_chosen -= sum(u[x] for x in self.members[c][:t])
         super()._untake(c, t)
