@@ -9,10 +9,10 @@ topology (plugin/dra/slices.py, node name set), or the *minimal* layout: GPUs on
 attributes NVIDIA's DRA driver publishes (type, index, uuid, productName, brand, architecture,
 cudaComputeCapability, cudaDriverVersion, driverVersion, pciBusID, pcieRoot; capacity memory).
 
-Per case (topology × layout × claim shape) a fresh set of nodes and a namespace; one ResourceClaim
-per pod, created before the pods; the pods are created while the scheduler is stopped (SIGSTOP, then
-SIGCONT), so the bench's own create rate does not cap what is measured; pods/s counted from the first
-to the last binding seen on a watch.
+Per case (topology × layout × claim shape) a namespace, on fake nodes and slices kept from the previous case where
+they match (`fleet`); one ResourceClaim per pod, created before the pods; the pods are created while the
+scheduler is stopped (SIGSTOP, then SIGCONT), so the bench's own create rate does not cap what is
+measured; pods/s counted from the first to the last binding seen on a watch.
 Also: slice bytes per node (JSON), kube-apiserver RSS after the case (it grows over the cases of one
 run: `--memory` gives per-layout figures), kube-scheduler CPU per pod (utime+stime from
 /proc/<pid>/stat, from the scheduler's resume to the last binding).
@@ -232,6 +232,7 @@ class ControlPlane:
     def __init__(self, bins: pathlib.Path, work: pathlib.Path, qps: int):
         self.bins, self.w, self.qps = bins, work, qps
         self.procs: dict[str, subprocess.Popen] = {}
+        self.fleet: tuple[int, str, str] | None = None  # (nodes, topology, layout) now in the API (see `fleet`)
         self.api_port, self.etcd_port, self.peer_port, self.sched_port = (free_port() for _ in range(4))
         self.url = f"https://127.0.0.1:{self.api_port}"
 
@@ -365,18 +366,14 @@ async def run_case(cp: ControlPlane, case: int, topology: str, layout: str, shap
     if cap == 0:
         return None
     n_gpus = sum(1 for s in sample for d in s["spec"].get("devices", ()) if d["attributes"]["type"]["string"] == "gpu")
-    prefix = f"c{case}"
-    names = [f"{prefix}-n{i:04d}" for i in range(nodes)]
     ns = f"bench-{case}"
-    all_slices = [s for n in names for s in slices_for(topo, n, layout)]
+    names = await fleet(cp, topo, topology, layout, nodes)
     slice_bytes = len(json.dumps(slices_for(topo, names[0], layout), separators=(",", ":")))
     await cp.req("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    await cp.many([("POST", "/api/v1/nodes", node_obj(n)) for n in names])
-    await cp.many([("POST", "/apis/resource.k8s.io/v1/resourceslices", s) for s in all_slices])
     n_pods = nodes * min(pods_per_node, cap)
     claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
     await cp.many([("POST", claims, claim(f"claim-{i}", shape, n_gpus)) for i in range(n_pods)])
-    await asyncio.sleep(3)  # let the scheduler's informers take in nodes, slices and claims
+    await asyncio.sleep(3 + nodes / 250)  # let the scheduler's informers take in nodes, slices and claims
     pid = cp.pid("kube-scheduler")
     bound: dict[str, float] = {}
     listed = await cp.req("GET", f"/api/v1/namespaces/{ns}/pods")
@@ -422,21 +419,41 @@ async def run_case(cp: ControlPlane, case: int, topology: str, layout: str, shap
     rss = rss_mib(cp.pid("kube-apiserver"))
     res = Result(topology, layout, shape, nodes, n_pods, len(bound), (len(times) - 1) / span if span else 0.0,
                  cpu_per_pod, slice_bytes, rss, n_pods / created, os.getloadavg()[0])
-    await cleanup(cp, ns, names, n_pods)
+    await cleanup(cp, ns, n_pods)
     return res
 
 
-async def cleanup(cp: ControlPlane, ns: str, names: list[str], n_pods: int) -> None:
-    """Pods (no kubelet: gone at once with grace 0), claims (the scheduler's finalizer is ours to drop
-    without a controller manager), then this case's slices and nodes."""
+async def fleet(cp: ControlPlane, topo: NodeTopology, topology: str, layout: str, nodes: int) -> list[str]:
+    """The fake nodes and their slices for a case, kept from the previous case where they match.
+
+    Creating and deleting 1,000 nodes and their slices for every case cost more than the case itself on
+    the 2-core VM; the nodes depend only on their count and the slices on topology and layout, so a case
+    that follows one with the same count keeps the nodes, and one with the same layout keeps the slices
+    too (the previous case's pods and claims are gone by then: the devices are free again)."""
+    names = [f"n{i:04d}" for i in range(nodes)]
+    if cp.fleet == (nodes, topology, layout):
+        return names
+    if cp.fleet is not None:
+        # One delete-collection request for every slice of our driver.
+        await cp.req("DELETE", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.driver%3D{DRIVER}")
+        if cp.fleet[0] != nodes:
+            await cp.req("DELETE", "/api/v1/nodes?labelSelector=bench%3Ddra-scale")
+    if cp.fleet is None or cp.fleet[0] != nodes:
+        await cp.many([("POST", "/api/v1/nodes", node_obj(n)) for n in names])
+    await cp.many([("POST", "/apis/resource.k8s.io/v1/resourceslices", s) for n in names
+                   for s in slices_for(topo, n, layout)])
+    cp.fleet = (nodes, topology, layout)
+    return names
+
+
+async def cleanup(cp: ControlPlane, ns: str, n_pods: int) -> None:
+    """Pods (no kubelet: gone at once with grace 0) and claims (the scheduler's finalizer is ours to drop
+    without a controller manager); the nodes and slices stay for the next case (`fleet`)."""
     await cp.req("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
     await cp.req("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
     await cp.many([("PATCH", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/claim-{i}",
                     {"metadata": {"finalizers": None}}, (200, 404), "application/merge-patch+json")
                    for i in range(n_pods)])
-    await cp.many([("DELETE", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{n}")
-                   for n in names], width=16)
-    await cp.req("DELETE", "/api/v1/nodes?labelSelector=bench%3Ddra-scale")
 
 
 # -- memory: what a layout's slices cost the API server ---------------------------------------------
