@@ -333,6 +333,7 @@ class ControlPlane:
         for name in ("kube-scheduler", "kube-apiserver", "etcd"):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a scheduler stopped mid-case handles no SIGTERM
                 proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(30)
@@ -359,7 +360,7 @@ class Result:
 
 
 async def run_case(cp: ControlPlane, case: int, topology: str, layout: str, shape: str, nodes: int,
-                   pods_per_node: int) -> Result | None:
+                   pods_per_node: int, max_pods: int = 0) -> Result | None:
     topo = load_simulated(topology)
     sample = slices_for(topo, "sample", layout)
     cap = per_node_capacity(sample, shape)
@@ -370,7 +371,7 @@ async def run_case(cp: ControlPlane, case: int, topology: str, layout: str, shap
     names = await fleet(cp, topo, topology, layout, nodes)
     slice_bytes = len(json.dumps(slices_for(topo, names[0], layout), separators=(",", ":")))
     await cp.req("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    n_pods = nodes * min(pods_per_node, cap)
+    n_pods = min(nodes * min(pods_per_node, cap), max_pods or nodes * cap)
     claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
     await cp.many([("POST", claims, claim(f"claim-{i}", shape, n_gpus)) for i in range(n_pods)])
     await asyncio.sleep(3 + nodes / 250)  # let the scheduler's informers take in nodes, slices and claims
@@ -581,6 +582,8 @@ async def main() -> None:
                     help="ours, minimal, ours-gpus (GPUs only), ours-lean-nics, ours-gpus-first-split")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--pods-per-node", type=int, default=1)
+    ap.add_argument("--max-pods", type=int, default=0,
+                    help="at most this many pods per case (0: pods-per-node on every node); fills fewer nodes")
     ap.add_argument("--scheduler-qps", type=int, default=5000, help="kube-scheduler's default is 50")
     ap.add_argument("--repeat", type=int, default=1, help="runs per case (medians in the ratio table)")
     ap.add_argument("--memory", action="store_true",
@@ -588,6 +591,8 @@ async def main() -> None:
     ap.add_argument("--churn", action="store_true", help="measure the slice publisher under a flapping GPU instead")
     ap.add_argument("--bins", default=None, help="control-plane binaries (default: the newest cached build)")
     o = ap.parse_args()
+    # Stopped with SIGTERM (a run cut short): cancel, so that `finally` takes the control plane down with us.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     bins = pathlib.Path(o.bins) if o.bins else controlplane_bins()
     if o.memory:
         print(f"control plane: {bins.name}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
@@ -629,7 +634,7 @@ async def main() -> None:
                         # The layouts of one shape back to back: the machine's load drifts less between them.
                         for layout in o.layouts.split(","):
                             case += 1
-                            r = await run_case(cp, case, topology, layout, shape, nodes, o.pods_per_node)
+                            r = await run_case(cp, case, topology, layout, shape, nodes, o.pods_per_node, o.max_pods)
                             if r is None:
                                 continue
                             results.append(r)
