@@ -591,8 +591,6 @@ async def main() -> None:
     ap.add_argument("--churn", action="store_true", help="measure the slice publisher under a flapping GPU instead")
     ap.add_argument("--bins", default=None, help="control-plane binaries (default: the newest cached build)")
     o = ap.parse_args()
-    # Stopped with SIGTERM (a run cut short): cancel, so that `finally` takes the control plane down with us.
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     bins = pathlib.Path(o.bins) if o.bins else controlplane_bins()
     if o.memory:
         print(f"control plane: {bins.name}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
