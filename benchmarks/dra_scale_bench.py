@@ -9,10 +9,10 @@ topology (plugin/dra/slices.py, node name set), or the *minimal* layout: GPUs on
 attributes NVIDIA's DRA driver publishes (type, index, uuid, productName, brand, architecture,
 cudaComputeCapability, cudaDriverVersion, driverVersion, pciBusID, pcieRoot; capacity memory).
 
-Per case (topology × layout × claim shape) a fresh set of nodes and a namespace; one ResourceClaim
-per pod, created before the pods; the pods are created while the scheduler is stopped (SIGSTOP, then
-SIGCONT), so the bench's own create rate does not cap what is measured; pods/s counted from the first
-to the last binding seen on a watch.
+Per case (topology × layout × claim shape) a namespace, on fake nodes and slices kept from the previous case where
+they match (`fleet`); one ResourceClaim per pod, created before the pods; the pods are created while the
+scheduler is stopped (SIGSTOP, then SIGCONT), so the bench's own create rate does not cap what is
+measured; pods/s counted from the first to the last binding seen on a watch.
 Also: slice bytes per node (JSON), kube-apiserver RSS after the case (it grows over the cases of one
 run: `--memory` gives per-layout figures), kube-scheduler CPU per pod (utime+stime from
 /proc/<pid>/stat, from the scheduler's resume to the last binding).
@@ -232,6 +232,7 @@ class ControlPlane:
     def __init__(self, bins: pathlib.Path, work: pathlib.Path, qps: int):
         self.bins, self.w, self.qps = bins, work, qps
         self.procs: dict[str, subprocess.Popen] = {}
+        self.fleet: tuple[int, str, str] | None = None  # (nodes, topology, layout) now in the API (see `fleet`)
         self.api_port, self.etcd_port, self.peer_port, self.sched_port = (free_port() for _ in range(4))
         self.url = f"https://127.0.0.1:{self.api_port}"
 
@@ -332,6 +333,7 @@ class ControlPlane:
         for name in ("kube-scheduler", "kube-apiserver", "etcd"):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a scheduler stopped mid-case handles no SIGTERM
                 proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(30)
@@ -358,25 +360,21 @@ class Result:
 
 
 async def run_case(cp: ControlPlane, case: int, topology: str, layout: str, shape: str, nodes: int,
-                   pods_per_node: int) -> Result | None:
+                   pods_per_node: int, max_pods: int = 0) -> Result | None:
     topo = load_simulated(topology)
     sample = slices_for(topo, "sample", layout)
     cap = per_node_capacity(sample, shape)
     if cap == 0:
         return None
     n_gpus = sum(1 for s in sample for d in s["spec"].get("devices", ()) if d["attributes"]["type"]["string"] == "gpu")
-    prefix = f"c{case}"
-    names = [f"{prefix}-n{i:04d}" for i in range(nodes)]
     ns = f"bench-{case}"
-    all_slices = [s for n in names for s in slices_for(topo, n, layout)]
+    names = await fleet(cp, topo, topology, layout, nodes)
     slice_bytes = len(json.dumps(slices_for(topo, names[0], layout), separators=(",", ":")))
     await cp.req("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    await cp.many([("POST", "/api/v1/nodes", node_obj(n)) for n in names])
-    await cp.many([("POST", "/apis/resource.k8s.io/v1/resourceslices", s) for s in all_slices])
-    n_pods = nodes * min(pods_per_node, cap)
+    n_pods = min(nodes * min(pods_per_node, cap), max_pods or nodes * cap)
     claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
     await cp.many([("POST", claims, claim(f"claim-{i}", shape, n_gpus)) for i in range(n_pods)])
-    await asyncio.sleep(3)  # let the scheduler's informers take in nodes, slices and claims
+    await asyncio.sleep(3 + nodes / 250)  # let the scheduler's informers take in nodes, slices and claims
     pid = cp.pid("kube-scheduler")
     bound: dict[str, float] = {}
     listed = await cp.req("GET", f"/api/v1/namespaces/{ns}/pods")
@@ -422,21 +420,41 @@ async def run_case(cp: ControlPlane, case: int, topology: str, layout: str, shap
     rss = rss_mib(cp.pid("kube-apiserver"))
     res = Result(topology, layout, shape, nodes, n_pods, len(bound), (len(times) - 1) / span if span else 0.0,
                  cpu_per_pod, slice_bytes, rss, n_pods / created, os.getloadavg()[0])
-    await cleanup(cp, ns, names, n_pods)
+    await cleanup(cp, ns, n_pods)
     return res
 
 
-async def cleanup(cp: ControlPlane, ns: str, names: list[str], n_pods: int) -> None:
-    """Pods (no kubelet: gone at once with grace 0), claims (the scheduler's finalizer is ours to drop
-    without a controller manager), then this case's slices and nodes."""
+async def fleet(cp: ControlPlane, topo: NodeTopology, topology: str, layout: str, nodes: int) -> list[str]:
+    """The fake nodes and their slices for a case, kept from the previous case where they match.
+
+    Creating and deleting 1,000 nodes and their slices for every case cost more than the case itself on
+    the 2-core VM; the nodes depend only on their count and the slices on topology and layout, so a case
+    that follows one with the same count keeps the nodes, and one with the same layout keeps the slices
+    too (the previous case's pods and claims are gone by then: the devices are free again)."""
+    names = [f"n{i:04d}" for i in range(nodes)]
+    if cp.fleet == (nodes, topology, layout):
+        return names
+    if cp.fleet is not None:
+        # One delete-collection request for every slice of our driver.
+        await cp.req("DELETE", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.driver%3D{DRIVER}")
+        if cp.fleet[0] != nodes:
+            await cp.req("DELETE", "/api/v1/nodes?labelSelector=bench%3Ddra-scale")
+    if cp.fleet is None or cp.fleet[0] != nodes:
+        await cp.many([("POST", "/api/v1/nodes", node_obj(n)) for n in names])
+    await cp.many([("POST", "/apis/resource.k8s.io/v1/resourceslices", s) for n in names
+                   for s in slices_for(topo, n, layout)])
+    cp.fleet = (nodes, topology, layout)
+    return names
+
+
+async def cleanup(cp: ControlPlane, ns: str, n_pods: int) -> None:
+    """Pods (no kubelet: gone at once with grace 0) and claims (the scheduler's finalizer is ours to drop
+    without a controller manager); the nodes and slices stay for the next case (`fleet`)."""
     await cp.req("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
     await cp.req("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
     await cp.many([("PATCH", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/claim-{i}",
                     {"metadata": {"finalizers": None}}, (200, 404), "application/merge-patch+json")
                    for i in range(n_pods)])
-    await cp.many([("DELETE", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{n}")
-                   for n in names], width=16)
-    await cp.req("DELETE", "/api/v1/nodes?labelSelector=bench%3Ddra-scale")
 
 
 # -- memory: what a layout's slices cost the API server ---------------------------------------------
@@ -564,6 +582,8 @@ async def main() -> None:
                     help="ours, minimal, ours-gpus (GPUs only), ours-lean-nics, ours-gpus-first-split")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--pods-per-node", type=int, default=1)
+    ap.add_argument("--max-pods", type=int, default=0,
+                    help="at most this many pods per case (0: pods-per-node on every node); fills fewer nodes")
     ap.add_argument("--scheduler-qps", type=int, default=5000, help="kube-scheduler's default is 50")
     ap.add_argument("--repeat", type=int, default=1, help="runs per case (medians in the ratio table)")
     ap.add_argument("--memory", action="store_true",
@@ -612,7 +632,7 @@ async def main() -> None:
                         # The layouts of one shape back to back: the machine's load drifts less between them.
                         for layout in o.layouts.split(","):
                             case += 1
-                            r = await run_case(cp, case, topology, layout, shape, nodes, o.pods_per_node)
+                            r = await run_case(cp, case, topology, layout, shape, nodes, o.pods_per_node, o.max_pods)
                             if r is None:
                                 continue
                             results.append(r)
