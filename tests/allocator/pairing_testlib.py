@@ -123,3 +123,19 @@ def generated_node(rng: random.Random, gpus: int, nics: int, numa_nodes: int = 2
             nv = rng.choice((1, 2, 4, 12))
         links.append((a.name, b.name, Link(nvlinks=nv, level=lv)))
     return NodeTopology.build(devs, links, source="generated", numa_nodes=range(numa_nodes))
+
+
+def assert_matches_brute_force(g: DeviceGraph, policy: str, req: AllocationRequest) -> None:
+    """The policy's answer for `req` is the brute-force optimum (same set, same criteria), proven optimal,
+    with a reported pairing that is the set's X and a one-to-one matching of it."""
+    from allocator.policies import get_policy
+
+    got = get_policy(policy).allocate(g, req)
+    ref = paired_brute_force(g, policy, req)
+    assert paired_criteria(g, policy, req, got.ids) == paired_criteria(g, policy, req, ref)
+    assert got.ids == ref
+    assert got.optimal
+    rows = [req.partners.row(i) for i in got.ids]
+    assert got.pairing == pairing_weight(rows, len(req.partners))
+    assert len({p for _, p, _ in got.pairs}) == len(got.pairs)
+    assert {i for i, _, _ in got.pairs} <= set(got.ids)
