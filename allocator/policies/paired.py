@@ -65,7 +65,7 @@ from .decompose import Space
 from .heuristics import SetState, greedy
 from .problem import Objective, Problem, nic_objective
 from .search import SearchResult, _BranchAndBound, _OutOfTime
-from .twins import TwinClass, twin_classes
+from .twins import TwinClass, group_twins
 
 
 @dataclass(frozen=True)
@@ -465,33 +465,10 @@ class _PairedBranchAndBound(_BranchAndBound):
         every other available device) have equal degrees, so (NUMA, port kind, row, degree) only
         groups candidates; the exact test on the link weights decides, as in `twin_classes`."""
         p = self.p
-        w = p.graph.weights
-        avail = p.available
         numa, own, port, degree = p.numa, p.own_port, p.port, p.degree
         rows = self.pp.rows
-        buckets: dict[tuple, list[list[int]]] = {}
-        order: list[list[int]] = []
-        for x in pool:
-            sig = (numa[x], -1 if own[x] else port[x], rows[x], degree[x])
-            groups = buckets.get(sig)
-            if groups is None:
-                g = [x]
-                buckets[sig] = [g]
-                order.append(g)
-                continue
-            row = w[x]
-            for g in groups:
-                rrow = w[g[0]]
-                r = g[0]
-                if all(row[z] == rrow[z] for z in avail if z != x and z != r):
-                    g.append(x)
-                    break
-            else:
-                g = [x]
-                groups.append(g)
-                order.append(g)
-        # `pool` is ascending, so `order` is by first member already.
-        return [TwinClass(tuple(g), w[g[0]][g[1]] if len(g) > 1 else 0) for g in order]
+        # `pool` is ascending, so the classes come out by first member already.
+        return group_twins(p, pool, lambda x: (numa[x], -1 if own[x] else port[x], rows[x], degree[x]))
 
     def _refine_bound(self, ub: int, c: int, r: int, closed: bool) -> int:
         """Add c_X * G, G a bound of how much X can still grow (see the module doc, point 3)."""

@@ -19,7 +19,7 @@ pairs inside a class share one weight.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .problem import Problem
@@ -46,19 +46,36 @@ def twin_classes(p: Problem, pool: Sequence[int] | None = None) -> list[TwinClas
     """
     w = p.graph.weights
     avail = p.available
-    numa = p.numa
-    buckets: dict[tuple, list[list[int]]] = {}
-    order: list[list[int]] = []
-    for x in p.free if pool is None else pool:
-        row = w[x]
+    numa, own, port = p.numa, p.own_port, p.port
+
+    def signature(x: int) -> tuple:
         # Twins have equal multisets of weights to the other available devices,
         # so this cheap signature only groups candidates; the exact test follows.
-        sig = (
-            numa[x],
-            -1 if p.own_port[x] else p.port[x],
-            tuple(sorted(row[z] for z in avail if z != x)),
-        )
-        groups = buckets.setdefault(sig, [])
+        row = w[x]
+        return (numa[x], -1 if own[x] else port[x], tuple(sorted(row[z] for z in avail if z != x)))
+
+    classes = group_twins(p, p.free if pool is None else pool, signature)
+    classes.sort(key=lambda c: c.rep)
+    return classes
+
+
+def group_twins(p: Problem, pool: Sequence[int], signature: Callable[[int], tuple]) -> list[TwinClass]:
+    """`pool`'s twin classes in order of first appearance: devices with equal `signature` (which only
+    groups candidates: twins must have equal signatures) and equal link weights to every other
+    available device (the exact test)."""
+    w = p.graph.weights
+    avail = p.available
+    buckets: dict[tuple, list[list[int]]] = {}
+    order: list[list[int]] = []
+    for x in pool:
+        sig = signature(x)
+        groups = buckets.get(sig)
+        if groups is None:
+            g = [x]
+            buckets[sig] = [g]
+            order.append(g)
+            continue
+        row = w[x]
         for g in groups:
             r = g[0]
             rrow = w[r]
@@ -69,6 +86,4 @@ def twin_classes(p: Problem, pool: Sequence[int] | None = None) -> list[TwinClas
             g = [x]
             groups.append(g)
             order.append(g)
-    classes = [TwinClass(tuple(g), w[g[0]][g[1]] if len(g) > 1 else 0) for g in order]
-    classes.sort(key=lambda c: c.rep)
-    return classes
+    return [TwinClass(tuple(g), w[g[0]][g[1]] if len(g) > 1 else 0) for g in order]
