@@ -9,12 +9,14 @@ holds the exact response), with the pod-resources API and with `explain`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,4 +302,17 @@ def held_devices(pr: dict[str, Any]) -> dict[str, list[str]]:
             for res, ids in (ctr.get("devices") or {}).items():
                 out.setdefault(res, []).extend(ids)
     return out
+
+
+class StageTimes(dict[str, float]):
+    """Wall time of each named stage of a module's cluster run, printed at its end (timings are reported,
+    never asserted). `with times.stage("name"):` records the stage, failed or not."""
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self[name] = time.monotonic() - t0
 

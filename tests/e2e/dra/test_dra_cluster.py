@@ -28,7 +28,7 @@ import pytest
 from cluster import NODE, Cluster
 from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
-from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
+from workloads import NAMESPACE, REPORT_MARK, Node, StageTimes, chart_values, daemon_pods, diagnose, helm_upgrade, \
     wait_allocatable, wait_daemon_ready, workload
 
 from plugin.dra.checkpoint import ClaimCheckpoint
@@ -38,20 +38,8 @@ from plugin.sources.simulated import load_simulated
 pytestmark = pytest.mark.timeout(1800)
 
 DRIVER = "topo.dev"
-STAGES: dict[str, float] = {}
-
-
-class stage:
-    """Wall time of one stage, printed at the end (timings are reported, never asserted)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __enter__(self):
-        self.t0 = time.monotonic()
-
-    def __exit__(self, *exc):
-        STAGES[self.name] = time.monotonic() - self.t0
+STAGES = StageTimes()
+stage = STAGES.stage
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,8 @@ import pytest
 from cluster import NODE, Cluster
 from cluster_fixtures import numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
-from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, diagnose, helm_upgrade, wait_daemon_ready, \
-    workload
+from workloads import NAMESPACE, REPORT_MARK, Node, StageTimes, chart_values, diagnose, helm_upgrade, \
+    wait_daemon_ready, workload
 
 from plugin.sources.simulated import load_simulated
 from topo_testkit.mig_node import mig_node_text
@@ -36,7 +36,9 @@ from topo_testkit.mig_node import mig_node_text
 pytestmark = pytest.mark.timeout(1800)
 
 DRIVER = "topo.dev"
-STAGES: dict[str, float] = {}
+STAGES = StageTimes()
+stage = STAGES.stage
+
 
 def template(name: str, cel: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
@@ -52,17 +54,6 @@ def on_gpu(index: int, profile: str) -> str:
 
 TEMPLATES = [template("gpu0-1g", on_gpu(0, "1g.10gb")), template("gpu0-3g", on_gpu(0, "3g.40gb")),
              template("gpu0-4g", on_gpu(0, "4g.40gb")), template("gpu2-static-2g", on_gpu(2, "2g.20gb"))]
-
-
-class stage:
-    def __init__(self, name: str):
-        self.name = name
-
-    def __enter__(self):
-        self.t0 = time.monotonic()
-
-    def __exit__(self, *exc):
-        STAGES[self.name] = time.monotonic() - self.t0
 
 
 @pytest.fixture(scope="module")

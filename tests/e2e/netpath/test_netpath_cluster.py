@@ -29,7 +29,7 @@ from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_clu
 from fabric import RAILS, Fabric, LinkState
 from kubelet_e2e import BUSYBOX
 from sandbox import NODE_IP, wait_for
-from workloads import NAMESPACE, Node, chart_values, diagnose, helm_upgrade, wait_daemon_ready
+from workloads import NAMESPACE, StageTimes, Node, chart_values, diagnose, helm_upgrade, wait_daemon_ready
 
 from plugin.dra.slices import device_name
 from plugin.sources.simulated import load_simulated
@@ -45,7 +45,9 @@ NETDEV = "tdpnic{}"
 #: Synchronize (github.com/containerd/nri pkg/adaptation): the runtime's own word that our
 #: plugin is connected, independent of what the daemon says about itself.
 NRI_SYNCED = re.compile(r'plugin \\?"[0-9]*-?topo-device-plugin\\?" connected and synchronized')
-STAGES: dict[str, float] = {}
+STAGES = StageTimes()
+stage = STAGES.stage
+
 
 #: The pods' program: idle until told to stop (it is PID 1: without the trap it would ignore SIGTERM).
 IDLE = "trap 'exit 0' TERM; while :; do sleep 1 & wait $!; done"
@@ -57,19 +59,6 @@ IDLE = "trap 'exit 0' TERM; while :; do sleep 1 & wait $!; done"
 #: (internal/cri/server/container_stop.go, BlockPluginSync), so a restarted driver could not catch
 #: up before the container had stopped.
 PRE_STOP = ": > /tmp/terminating; while [ -e /tmp/hold ]; do sleep 0.2; done"
-
-
-class stage:
-    """Wall time of one stage, printed at the end (timings are reported, never asserted)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __enter__(self):
-        self.t0 = time.monotonic()
-
-    def __exit__(self, *exc):
-        STAGES[self.name] = time.monotonic() - self.t0
 
 
 # ---- the node, the cluster, the chart ---------------------------------------------------------------
