@@ -3,13 +3,11 @@
 # Extra arguments go to pytest (e.g. `scripts/test.sh tests/daemon -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python=${PYTHON:-python3}
 stage() { printf '\n== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 
 stage "python environment"
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+. scripts/install_venv.sh
+install_venv test
 
 # The real-kubelet stages: Debian containerd/runc, Go modules, the kubelet harness, the kubelet
 # binary and local OCI images, then the local cluster's stages: the control plane, helm and the
