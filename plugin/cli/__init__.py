@@ -11,6 +11,7 @@ import sys
 import click
 
 from .. import __version__
+from ..observability.logging_setup import hold_early_logs, release_early_logs
 from .allocate import allocate
 from .demo import demo
 from .discover import discover
@@ -30,4 +31,10 @@ for _cmd in (serve, discover, demo, allocate, explain):
 
 
 def main() -> None:
-    sys.exit(cli.main(prog_name="topo-device-plugin", standalone_mode=True))
+    # Lines logged while the options are read wait for the log format (serve, demo); commands that
+    # never set up logging write them on the way out, with their fields, at WARNING and above.
+    hold_early_logs()
+    try:
+        sys.exit(cli.main(prog_name="topo-device-plugin", standalone_mode=True))
+    finally:
+        release_early_logs()

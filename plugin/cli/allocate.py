@@ -79,6 +79,34 @@ def check_ids(resource: Resource, ids: Iterable[str], what: str) -> list[str]:
     return ids
 
 
+def check_request(available: Sequence[str], must: Sequence[str], size: int, available_given: bool) -> None:
+    """The kubelet's request rules, said in this command's flags with the fix.
+
+    Why here and not only in the allocator: the allocator's messages name the
+    kubelet API's fields (`allocation_size`, `must_include_deviceIDs`), which is
+    right for a gRPC status the kubelet logs, and wrong for a person at a prompt.
+    """
+    where = "--available" if available_given else "the healthy devices (--available not given)"
+    repeated = sorted({i for i in available if list(available).count(i) > 1})
+    if repeated:
+        raise click.UsageError(f"--available repeats {', '.join(repeated)}: list each device once")
+    repeated = sorted({i for i in must if list(must).count(i) > 1})
+    if repeated:
+        raise click.UsageError(f"--must-include repeats {', '.join(repeated)}: list each device once")
+    missing = [i for i in must if i not in available]
+    if missing:
+        raise click.UsageError(f"--must-include {', '.join(missing)} not among {where}: a device the container "
+                               f"must keep has to be free too; add it to --available or drop it from --must-include")
+    if size > len(available):
+        pool = (f"the {len(available)} devices in --available" if available_given
+                else f"the node's {len(available)} healthy devices")
+        raise click.UsageError(f"--size {size} is more than {pool}: ask for at most {len(available)}"
+                               + (", or list more devices in --available" if available_given else ""))
+    if len(must) > size:
+        raise click.UsageError(f"--must-include lists {len(must)} devices but --size is {size}: "
+                               f"raise --size to at least {len(must)} or keep fewer in --must-include")
+
+
 def run_policy(resource: Resource, policy_name: str, available: Sequence[str], must_include: Sequence[str],
                size: int, partners: Partners = NO_PARTNERS) -> Allocation:
     """One GetPreferredAllocation as the daemon answers it (raises AllocationError on a bad request)."""
@@ -224,6 +252,7 @@ def allocate(settings: Settings, size: int, available_opt: tuple[str, ...], must
                                f"than the one asked for ({resource.name})")
     partners = pairing_index(topology, resources).partners(resource.name, group)
     policy_name = resource.policy  # the daemon's policy for it (--allocation-policy for GPUs)
+    check_request(available, must, size, bool(parse_ids(available_opt)))
     try:
         result = run_policy(resource, policy_name, available, must, size, partners)
     except AllocationError as e:

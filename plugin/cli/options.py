@@ -25,6 +25,7 @@ from ..config.flags import BY_DEST, KIND_FIX, Option, options_for, restart_neede
 from ..errors import InputError, OptionError
 from ..model.gpu_allocate import GpuAllocateOptions
 from ..observability.address import parse_address
+from ..observability.logging_setup import release_early_logs
 from ..model.nic_pools import NicPool, parse_pools
 from ..model.resource_names import check_resource_name
 from ..model.resources import ResourceOptions
@@ -32,6 +33,10 @@ from ..model.serving_modes import check_modes
 from ..sources.base import TopologySource
 
 log = logging.getLogger(__name__)
+
+#: Commands that set up their own logging from their options (`--log-level`, `--log-format`); the
+#: others, once their options are read, write warnings as text lines with their fields.
+LOGGING_COMMANDS = frozenset(o for o in BY_DEST["log_level"].commands)
 
 
 class EnvOption(click.Option):
@@ -177,7 +182,10 @@ def with_settings(command: str) -> Callable:
             ctx = click.get_current_context()
             mine = {o.dest: params.pop(o.dest) for o in declared}
             sources = {name: ctx.get_parameter_source(name) for name in mine}
-            return fn(resolve(mine, sources, command), **params)
+            settings = resolve(mine, sources, command)
+            if command not in LOGGING_COMMANDS:
+                release_early_logs()  # offline commands: warnings with their fields, as they happen
+            return fn(settings, **params)
 
         for o in reversed(declared):
             wrapper = click_option(o, command)(wrapper)

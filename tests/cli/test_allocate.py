@@ -69,11 +69,15 @@ def test_pcie_node_prefers_the_pix_pair():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--size", "9"], "allocation_size 9 exceeds the 8 available devices"),
+        (["--size", "9"], "--size 9 is more than the node's 8 healthy devices: ask for at most 8"),
+        (["--size", "3", "--available", "0,1"], "--size 3 is more than the 2 devices in --available: ask for at most 2, "
+                                                 "or list more devices in --available"),
+        (["--size", "2", "--available", "0,1", "--must-include", "2"], "--must-include 2 not among --available"),
         (["--size", "0"], "--size"),
         (["--size", "2", "--must-include", "42"], "unknown device IDs for nvidia.com/gpu: 42"),
-        (["--size", "1", "--available", "0,1", "--must-include", "0,1"], "exceed allocation_size"),
-        (["--size", "1", "--available", "0,0"], "repeats IDs: 0"),
+        (["--size", "1", "--available", "0,1", "--must-include", "0,1"],
+         "--must-include lists 2 devices but --size is 1: raise --size to at least 2"),
+        (["--size", "1", "--available", "0,0"], "--available repeats 0: list each device once"),
         (["--size", "1", "--resource", "example.com/x"], "unknown resource 'example.com/x'"),
         ([], "--size"),
     ],
@@ -82,6 +86,8 @@ def test_bad_requests_exit_2(args, message):
     res = run(*args)
     assert res.exit_code == 2, res.output
     assert message in res.output
+    # The command speaks its own flags, never the kubelet API's field names.
+    assert not any(f in res.output for f in ("allocation_size", "available_deviceIDs", "must_include_deviceIDs"))
 
 
 def test_unknown_source_exits_2():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import subprocess
@@ -77,12 +78,53 @@ def test_counts_are_spelled_right(tmp_path):
 
 
 def test_demo_installs_like_the_test_command():
-    def install(script: str) -> str:
-        line = next(x for x in (ROOT / "scripts" / script).read_text().splitlines()
-                    if "pip install" in x and "--upgrade pip" not in x)
-        return line.replace("'.[test]'", ".")
+    for script in ("demo.sh", "test.sh"):
+        text = (ROOT / "scripts" / script).read_text()
+        assert ". scripts/install_venv.sh" in text and "install_venv " in text, script
+        assert "pip install" not in text, f"{script} installs through scripts/install_venv.sh only"
 
-    assert install("demo.sh") == install("test.sh")
+
+_FAKE_PYTHON = """#!/usr/bin/env bash
+# Stands in for python3 and the venv's python: records each call; `-m venv DIR` makes DIR/bin/python.
+echo "$*" >> "$CALLS"
+if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin"; cp "$0" "$3/bin/python"; fi
+if [ "$1 $2 $3" = "-m pip install" ] && [ -n "${PIP_FAILS:-}" ]; then echo "pip: no network" >&2; exit 1; fi
+exit 0
+"""
+
+
+def _install(tmp: pathlib.Path, extra: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f'. "{ROOT}/scripts/install_venv.sh" && install_venv "{extra}"'],
+                          cwd=tmp, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHON": str(tmp / "fake-python"), "CALLS": str(tmp / "calls"),
+                               **env})
+
+
+def test_a_second_run_installs_nothing_until_pyproject_changes(tmp_path):
+    fake = tmp_path / "fake-python"
+    fake.write_text(_FAKE_PYTHON)
+    fake.chmod(0o755)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    installs = lambda: (tmp_path / "calls").read_text().count("-e")  # noqa: E731 - a one-line reader
+
+    assert _install(tmp_path, "test").returncode == 0
+    assert installs() == 1
+    assert _install(tmp_path, "test").returncode == 0 and installs() == 1, "nothing changed: no pip run"
+    assert _install(tmp_path, "").returncode == 0 and installs() == 1, "the test install covers the demo's"
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\ndependencies = ['click']\n")
+    assert _install(tmp_path, "").returncode == 0 and installs() == 2, "new dependencies: installed again"
+    first = _install(tmp_path, "").stdout + _install(tmp_path, "").stderr
+    assert "pip" not in first, "a quiet run prints nothing of pip's"
+
+
+def test_a_failing_install_shows_pips_output_and_fails(tmp_path):
+    fake = tmp_path / "fake-python"
+    fake.write_text(_FAKE_PYTHON)
+    fake.chmod(0o755)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    proc = _install(tmp_path, "", PIP_FAILS="1")
+    assert proc.returncode != 0
+    assert "pip: no network" in proc.stderr and ".venv/install.log" in proc.stderr
 
 
 def test_one_cache_directory_variable():
