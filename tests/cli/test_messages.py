@@ -68,3 +68,13 @@ def test_serve_logs_config_lines_as_json_under_log_format_json(tmp_path):
     assert len(records) == len(lines), "every line is JSON under --log-format json"
     ignored = next(r for r in records if r["msg"] == "NVIDIA setting ignored")
     assert ignored["field"] == "flags.useNodeFeatureAPI" and ignored["level"] == "warning"
+
+
+def test_a_node_file_without_apiversion_is_diagnosed_as_yaml_not_as_a_bad_capture(tmp_path):
+    node = tmp_path / "node.yaml"
+    node.write_text("kind: SimulatedNode\nmetadata:\n  name: x\nspec:\n  gpus: []\n")
+    proc = subprocess.run([*ENTRY, "discover", "--simulate", str(node)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "without `apiVersion: topo-device-plugin/v1`" in proc.stderr
+    assert "nvidia-smi topo -m` header row" not in proc.stderr

@@ -12,10 +12,11 @@ from importlib import resources
 
 from allocator.topology import NodeTopology
 
+from ...inputs import yaml_input
 from ...inputs.yaml_input import YamlProblem, read_text
 from ..errors import TopologyError
 from .node_yaml import API_VERSION, load_node_yaml
-from .topo_matrix import load_topo_matrix, parse_topo_matrix
+from .topo_matrix import has_header_row, load_topo_matrix, parse_topo_matrix
 
 __all__ = [
     "API_VERSION",
@@ -68,4 +69,18 @@ def load_simulated(source: str) -> NodeTopology:
         raise TopologyError(source, e.message, fix=e.fix) from None
     if any(line.startswith("apiVersion:") for line in text.splitlines()):
         return load_node_yaml(text, source)
+    if not has_header_row(text) and _is_yaml_mapping(text):
+        raise TopologyError(source, "a YAML mapping without `apiVersion: topo-device-plugin/v1`: neither a "
+                                    "simulated-node file nor `nvidia-smi topo -m` output",
+                            line=1, fix="start the file with `apiVersion: topo-device-plugin/v1` and "
+                                        "`kind: SimulatedNode` (docs/simulated-nodes.md)")
     return load_topo_matrix(text, source, node_name=path.stem)
+
+
+def _is_yaml_mapping(text: str) -> bool:
+    """Whether TEXT reads as a YAML mapping (a node file that lost its first line, say)."""
+    try:
+        data, _ = yaml_input.load(text)
+    except YamlProblem:
+        return False
+    return isinstance(data, dict) and bool(data)

@@ -102,6 +102,16 @@ def _split_row(line: str) -> list[str]:
     return cells
 
 
+def has_header_row(text: str) -> bool:
+    """Whether TEXT holds an `nvidia-smi topo -m` header row: what makes a file a capture."""
+    lines = [_ANSI.sub("", raw).rstrip("\r\n") for raw in text.splitlines()]
+    try:
+        _find_header(lines, "<text>")
+    except TopologyError:
+        return False
+    return True
+
+
 def _find_header(lines: list[str], source: str) -> int:
     for i, line in enumerate(lines):
         if line.lstrip().startswith("#"):
