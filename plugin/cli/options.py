@@ -280,8 +280,32 @@ def resource_reloader(settings: Settings) -> Callable[[], ResourceOptions]:
     return reload
 
 
+def _given(settings: Settings, dest: str) -> bool:
+    """Whether the user set `dest` (flag, variable or config file), not just left its default."""
+    source = settings.sources.get(dest)
+    return (source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+            or BY_DEST[dest].key in settings.config.flags)
+
+
+def check_simulate(settings: Settings) -> None:
+    """`--simulate` says what it reads: an empty value is a mistake, not a request for real hardware, and
+    the real-hardware roots given beside it would be ignored, so both stop start-up with the fix."""
+    v = settings.values
+    if v.get("simulate") == "" and _given(settings, "simulate"):
+        raise OptionError(f"{option_source(settings, 'simulate')} is empty (fix: give a built-in name, a YAML node "
+                          "file or `nvidia-smi topo -m` text, or leave it out to serve the real hardware)")
+    if not v.get("simulate"):
+        return
+    for dest, what in (("sysfs_root", "sysfs"), ("proc_root", "procfs")):
+        if _given(settings, dest):
+            raise OptionError(f"{option_source(settings, dest)} has no effect with --simulate: a simulated node "
+                              f"reads no {what} (fix: drop {BY_DEST[dest].flag}, or drop --simulate to discover "
+                              "the real hardware under it)")
+
+
 def make_source(settings: Settings) -> TopologySource:
     """The simulated node when --simulate is given, else real hardware (NVML + sysfs)."""
+    check_simulate(settings)
     v = settings.values
     node_labeller = _node_labeller(settings)
     if v.get("simulate"):

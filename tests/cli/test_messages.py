@@ -7,6 +7,7 @@ One test per class of fix (issue 33): lines logged while the options are read ke
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -78,3 +79,17 @@ def test_a_node_file_without_apiversion_is_diagnosed_as_yaml_not_as_a_bad_captur
     assert proc.returncode == 2
     assert "without `apiVersion: topo-device-plugin/v1`" in proc.stderr
     assert "nvidia-smi topo -m` header row" not in proc.stderr
+
+
+def test_no_silent_option_with_simulate(tmp_path):
+    """`--simulate ""` is not real hardware, and the roots a simulated node never reads are not ignored silently."""
+    for args, env, said in (
+        (["--simulate", ""], {}, "--simulate is empty"),
+        (["--simulate", "dgx-a100", "--sysfs-root", str(tmp_path)], {}, "--sysfs-root has no effect with --simulate"),
+        (["--simulate", "dgx-a100"], {"TOPO_DP_PROC_ROOT": str(tmp_path)},
+         "TOPO_DP_PROC_ROOT has no effect with --simulate"),
+    ):
+        proc = subprocess.run([*ENTRY, "discover", *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env={**os.environ, **env})
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert said in proc.stderr and "(fix: " in proc.stderr
