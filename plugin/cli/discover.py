@@ -31,6 +31,11 @@ def discover(settings: Settings, fmt: str, list_builtins: bool) -> None:
     """Print devices, IDs, NUMA nodes, health, pools and the link matrix."""
     if list_builtins:
         names = builtin_names()
+        if fmt in ("json", "yaml"):
+            rows = [{"name": n, "description": builtin_description(n)} for n in names]
+            click.echo(json.dumps(rows, indent=2) if fmt == "json" else yaml.safe_dump(rows, sort_keys=False),
+                       nl=fmt == "json")
+            return
         width = max(map(len, names), default=0)
         for name in names:
             click.echo(f"{name:<{width}}  {builtin_description(name)}".rstrip())

@@ -93,3 +93,12 @@ def test_no_silent_option_with_simulate(tmp_path):
                               env={**os.environ, **env})
         assert proc.returncode == 2, (args, proc.stderr)
         assert said in proc.stderr and "(fix: " in proc.stderr
+
+
+def test_list_builtins_speaks_the_format_asked_for():
+    proc = subprocess.run([*ENTRY, "discover", "--list-builtins", "--format", "json"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert {"dgx-a100", "dgx-h100"} <= {r["name"] for r in rows}
+    assert all(r["description"] for r in rows)
