@@ -39,6 +39,7 @@ from ..observability.metrics import Metrics
 from ..observability.ratelimited_log import RateLimitedLog, UndecodableRequestLog
 from ..serving.registration import KUBELET_SOCKET, PluginDirWatcher
 from ..serving.server import PolicyFactory, RequestHandling, ResourceServer
+from ..serving.plugin_dir import PluginDirClaim, claim_plugin_dir
 from ..serving.socket_file import prune_stale_bind_dirs
 from ..sources.base import TopologySource
 from ..watch.filewatch import watch_file
@@ -99,6 +100,7 @@ class Daemon:
         self.health_server: HealthServer | None = None
         #: The plugin directory's watcher, once started.
         self._watcher: PluginDirWatcher | None = None
+        self._dir_claim: PluginDirClaim | None = None
         self.started = asyncio.Event()
         self.cdi = SpecSync(options.cdi_spec_dir)
         self.dra_factory = dra_factory
@@ -192,7 +194,7 @@ class Daemon:
         await asyncio.to_thread(self.cdi.sync, resources)  # specs before any device is advertised
         if self.resource_options.dra_resources:
             await self._start_dra(dra_resources)
-        os.makedirs(self.options.plugin_dir, mode=0o750, exist_ok=True)
+        self._dir_claim = claim_plugin_dir(self.options.plugin_dir)
         self._warn_if_world_writable()
         stale = prune_stale_bind_dirs(self.options.plugin_dir)
         if stale:
@@ -225,6 +227,9 @@ class Daemon:
                 log.warning("cleanup failed at shutdown", extra={"part": what, "reason": f"{type(e).__name__}: {e}"})
             except Exception:  # a bug: loud, but the remaining steps still run
                 log.exception("cleanup failed at shutdown (a bug)", extra={"part": what})
+        if self._dir_claim is not None:  # last: our sockets are gone, another daemon may take the directory
+            self._dir_claim.release()
+            self._dir_claim = None
 
     async def _start_dra(self, dra_resources: list[Resource]) -> None:
         if self.dra_factory is None:

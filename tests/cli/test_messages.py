@@ -28,6 +28,7 @@ def _config(tmp_path: pathlib.Path) -> str:
 
 def _serve_lines(tmp_path: pathlib.Path, *extra: str, until: str) -> list[str]:
     """Start `serve` on a simulated node, read stderr until a line holds `until`, stop it."""
+    (tmp_path / "kubelet").mkdir(exist_ok=True)
     proc = subprocess.Popen([*ENTRY, "serve", "--simulate", "dgx-a100", "--config", _config(tmp_path),
                              "--kubelet-root-dir", str(tmp_path / "kubelet"), *extra],
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -102,3 +103,37 @@ def test_list_builtins_speaks_the_format_asked_for():
     rows = json.loads(proc.stdout)
     assert {"dgx-a100", "dgx-h100"} <= {r["name"] for r in rows}
     assert all(r["description"] for r in rows)
+
+
+def test_a_second_daemon_on_one_plugin_directory_stops_and_the_first_keeps_its_sockets(tmp_path):
+    kubelet = tmp_path / "kubelet"
+    kubelet.mkdir()
+    first = subprocess.Popen([*ENTRY, "serve", "--simulate", "dgx-a100", "--kubelet-root-dir", str(kubelet)],
+                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert first.stderr is not None
+        for line in first.stderr:
+            if "serving resource=topo.dev/nic" in line:
+                break
+        sockets = sorted(p.name for p in (kubelet / "device-plugins").iterdir() if p.name.endswith(".sock"))
+        before = {n: (kubelet / "device-plugins" / n).stat().st_ino for n in sockets}
+        second = subprocess.run([*ENTRY, "serve", "--simulate", "dgx-a100", "--kubelet-root-dir", str(kubelet)],
+                                capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert second.returncode == 1, second.stderr
+        assert f"another topo-device-plugin daemon already serves {kubelet / 'device-plugins'}" in second.stderr
+        assert "(fix: stop it first" in second.stderr
+        after = {n: (kubelet / "device-plugins" / n).stat().st_ino for n in sockets}
+        assert after == before, "the first daemon's sockets are untouched"
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+
+
+def test_serve_without_a_kubelet_root_creates_nothing_and_says_so(tmp_path):
+    root = tmp_path / "no-kubelet" / "var-lib-kubelet"
+    proc = subprocess.run([*ENTRY, "serve", "--simulate", "dgx-a100", "--kubelet-root-dir", str(root)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1
+    assert f"{root} does not exist, so no kubelet runs here" in proc.stderr
+    assert not (tmp_path / "no-kubelet").exists()
