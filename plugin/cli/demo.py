@@ -55,9 +55,13 @@ async def _transcript(settings: Settings, kubelet: KubeletStandin, tmp: str, hol
             started_wait.cancel()
             return task.result()  # raises what stopped the daemon before it served
         names = list(daemon.servers)
+        if not names:
+            out("the node has no GPU or NIC to serve: nothing registered with the kubelet stand-in "
+                "(the daemon's log above says why)")
         await kubelet.wait_for(lambda: all(kubelet.devices(n) for n in names), timeout=15)
-        out(f"registered in {1000 * (time.monotonic() - started):.0f} ms: "
-            + ", ".join(f"{r.resource} (endpoint {r.endpoint})" for r in kubelet.registrations))
+        if names:
+            out(f"registered in {1000 * (time.monotonic() - started):.0f} ms: "
+                + ", ".join(f"{r.resource} (endpoint {r.endpoint})" for r in kubelet.registrations))
         for name in names:
             devs = kubelet.devices(name)
             out(f"\n{name}: {plural(len(devs), 'device')} from ListAndWatch")

@@ -137,3 +137,11 @@ def test_serve_without_a_kubelet_root_creates_nothing_and_says_so(tmp_path):
     assert proc.returncode == 1
     assert f"{root} does not exist, so no kubelet runs here" in proc.stderr
     assert not (tmp_path / "no-kubelet").exists()
+
+
+def test_demo_on_a_node_with_nothing_to_serve_says_so(no_driver):
+    proc = subprocess.run([*ENTRY, "demo", "--hardware", "--no-fail-on-init-error"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "the node has no GPU or NIC to serve: nothing registered" in proc.stdout
+    assert "registered in" not in proc.stdout
