@@ -79,6 +79,17 @@ def check_ids(resource: Resource, ids: Iterable[str], what: str) -> list[str]:
     return ids
 
 
+#: The text output lists at most this many available IDs (a MIG node has dozens); JSON lists them all.
+SHOWN_IDS = 8
+
+
+def ids_text(ids: Sequence[str], limit: int = SHOWN_IDS) -> str:
+    """`a, b, c, ... +53 more (all in --format json)` once there are more than `limit`."""
+    if len(ids) <= limit:
+        return ", ".join(ids)
+    return ", ".join(ids[:limit]) + f", ... +{len(ids) - limit} more (all in --format json)"
+
+
 def check_request(available: Sequence[str], must: Sequence[str], size: int, available_given: bool) -> None:
     """The kubelet's request rules, said in this command's flags with the fix.
 
@@ -321,7 +332,7 @@ def render_allocate(data: dict[str, Any]) -> str:
     lines = [
         f"Node: {data['node']}   resource: {data['resource']}   policy: {data['policy']}",
         f"Request: size {req['size']} of {len(req['available'])} available "
-        f"({', '.join(req['available'])})"
+        f"({ids_text(req['available'])})"
         + (f", must include {', '.join(req['must_include'])}" if req["must_include"] else ""),
         "",
         f"Preferred allocation: {', '.join(data['ids'])}",

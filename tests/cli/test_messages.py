@@ -145,3 +145,11 @@ def test_demo_on_a_node_with_nothing_to_serve_says_so(no_driver):
     assert proc.returncode == 0, proc.stderr
     assert "the node has no GPU or NIC to serve: nothing registered" in proc.stdout
     assert "registered in" not in proc.stdout
+
+
+def test_allocate_text_keeps_a_mig_request_line_short():
+    proc = subprocess.run([*ENTRY, "allocate", "--simulate", "dgx-a100-mig-1g", "--mig-strategy", "single",
+                           "--size", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    request = next(l for l in proc.stdout.splitlines() if l.startswith("Request:"))
+    assert request.count("MIG-") == 8 and "+48 more (all in --format json)" in request
