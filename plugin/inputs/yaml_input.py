@@ -24,6 +24,7 @@ into its own input error naming the file.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -133,7 +134,20 @@ def first_schema_error(schema: dict[str, Any], data: Any, root: yaml.Node | None
     if first is None:
         return None
     path = list(first.absolute_path)
-    return SchemaProblem(path, _message(first), str(first.validator), line_of(root, path))
+    line = line_of(root, path)
+    extra = _unexpected_keys(first)
+    if extra:  # point at the bad key itself, not at the mapping that holds it
+        line = line_of(root, [*path, extra[0]]) or line
+    return SchemaProblem(path, _message(first), str(first.validator), line)
+
+
+def _unexpected_keys(e: jsonschema.ValidationError) -> list[str]:
+    """For an `additionalProperties` error, the keys the schema does not allow, in file order."""
+    if e.validator != "additionalProperties" or not isinstance(e.instance, dict) or not isinstance(e.schema, dict):
+        return []
+    known = set(e.schema.get("properties") or ())
+    patterns = [re.compile(p) for p in (e.schema.get("patternProperties") or ())]
+    return [k for k in e.instance if isinstance(k, str) and k not in known and not any(p.search(k) for p in patterns)]
 
 
 def _message(e: jsonschema.ValidationError) -> str:

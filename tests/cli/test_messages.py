@@ -153,3 +153,13 @@ def test_allocate_text_keeps_a_mig_request_line_short():
     assert proc.returncode == 0, proc.stderr
     request = next(l for l in proc.stdout.splitlines() if l.startswith("Request:"))
     assert request.count("MIG-") == 8 and "+48 more (all in --format json)" in request
+
+
+def test_a_config_error_names_the_line_of_the_bad_key_not_its_parent(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nflags:\n  plugin:\n    deviceListStrategy: envvar\n    passDeviceSpecss: true\n")
+    proc = subprocess.run([*ENTRY, "discover", "--simulate", "dgx-a100", "--config", str(config)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    assert f"{config}:5: field flags.plugin:" in proc.stderr  # line 5 holds passDeviceSpecss; 3 is `plugin:`
+    assert "did you mean flags.plugin.passDeviceSpecs?" in proc.stderr

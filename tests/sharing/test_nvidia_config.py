@@ -70,7 +70,7 @@ def test_nvidia_settings_we_cannot_honour_are_refused_with_the_fix(change, where
     (("replicas: 10", "replicas: 10\n      devices: some"), "field sharing.timeSlicing.resources[0].devices"),
     (("replicas: 10", "replicas: 10\n      devices: 0"), "field sharing.timeSlicing.resources[0].devices"),
     (("replicas: 10", "replicas: 10\n      devices: [GPU-1]"), "field sharing.timeSlicing.resources[0].devices"),
-    (("replicas: 10", "replica: 10"), "20: field sharing.timeSlicing.resources[0]: Additional properties are not "
+    (("replicas: 10", "replica: 10"), "21: field sharing.timeSlicing.resources[0]: Additional properties are not "
                                       "allowed ('replica' was unexpected)"),
     (("    resources:\n    - name: nvidia.com/gpu\n      replicas: 10\n", "    resources: []\n"),
      "field sharing.timeSlicing.resources: [] should be non-empty"),
