@@ -151,8 +151,10 @@ def _unexpected_keys(e: jsonschema.ValidationError) -> list[str]:
 
 
 def _message(e: jsonschema.ValidationError) -> str:
-    """jsonschema's message, with the offending value quoted in short."""
-    text = e.message
+    """jsonschema's message, with the offending value quoted in short; a pattern is said in words
+    where the schema gives them (`x-expected`): a regular expression is no help to a person."""
+    expected = e.schema.get("x-expected") if isinstance(e.schema, dict) else None
+    text = f"{shorten(e.instance, 60)} is not {expected}" if e.validator == "pattern" and expected else e.message
     if len(text) > MAX_MESSAGE:
         text = f"{shorten(e.instance, 60)} breaks the {e.validator!s} rule"
         if len(text) > MAX_MESSAGE:

@@ -163,3 +163,14 @@ def test_a_config_error_names_the_line_of_the_bad_key_not_its_parent(tmp_path):
     assert proc.returncode == 2
     assert f"{config}:5: field flags.plugin:" in proc.stderr  # line 5 holds passDeviceSpecss; 3 is `plugin:`
     assert "did you mean flags.plugin.passDeviceSpecs?" in proc.stderr
+
+
+def test_a_bad_link_token_is_explained_in_words_not_a_regular_expression(tmp_path):
+    node = tmp_path / "node.yaml"
+    node.write_text("apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\nmetadata:\n  name: x\ngpus:\n"
+                    "  - name: g0\n    numa: 0\n  - name: g1\n    numa: 0\nlinks:\n  - devices: [g0, g1]\n    link: NV\n")
+    proc = subprocess.run([*ENTRY, "discover", "--simulate", str(node)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    assert f"{node}:12: field links[0].link: 'NV' is not a link type: NV<n>" in proc.stderr
+    assert "^(" not in proc.stderr and "$'" not in proc.stderr
