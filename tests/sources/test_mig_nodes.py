@@ -35,7 +35,7 @@ def test_empty_mig_list_means_mig_mode_without_devices():
 
 
 @pytest.mark.parametrize("gpu, words", [
-    ("  - {numa: 0, mig: [{profile: 1g.10GB}]}\n", "lab.yaml:5: field gpus[0].mig[0].profile: '1g.10GB' does not match"),
+    ("  - {numa: 0, mig: [{profile: 1g.10GB}]}\n", "lab.yaml:5: field gpus[0].mig[0].profile: '1g.10GB' is not a MIG profile name such as 1g.10gb"),
     ("  - {numa: 0, mig: [{profile: 1g.10gb, gi: 15}]}\n", "field gpus[0].mig[0].gi: 15 is greater than the maximum of 14"),
     ("  - {numa: 0, mig: [{profile: 1g.10gb, gi: 1}, {profile: 1g.10gb, gi: 1}]}\n",
      "lab.yaml:5: field gpus[0].mig[1]: GPU instance 1 / compute instance 0 is used twice on GPU0 (fix: give each"),
