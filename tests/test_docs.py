@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "charts" / "topo-device-plugin" / "README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "charts" / "topo-device-plugin" / "README.md",
+        ROOT / "benchmarks" / "README.md"]
 BIN = pathlib.Path(sys.executable).parent
 PICTURE_NODE = "dgx-1-v100"
 PICTURE_DOT = ROOT / "docs" / "img" / f"{PICTURE_NODE}.dot"
@@ -369,6 +370,14 @@ def test_the_readme_gives_the_command_that_makes_the_picture():
 
 
 # -- the checkers catch what they are for -----------------------------------------------------------
+def test_the_benchmark_list_names_every_benchmark():
+    listed = set(re.findall(r"^\| `([^`]+)` \|", (ROOT / "benchmarks" / "README.md").read_text(), re.M))
+    present = {p.name + ("/" if p.is_dir() else "") for p in (ROOT / "benchmarks").iterdir()
+               if (p.suffix == ".py" or p.is_dir()) and not p.name.startswith(("_", "."))}
+    assert present <= listed, f"benchmarks/README.md does not list {sorted(present - listed)}"
+    assert listed <= present, f"benchmarks/README.md lists missing files {sorted(listed - present)}"
+
+
 def test_checkers_catch_a_broken_doc(tmp_path):
     """A planted unclosed fence, placeholder, broken link, missing path and failing example are all reported."""
     (tmp_path / "other.md").write_text("# Real heading\n")
