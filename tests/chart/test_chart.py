@@ -314,7 +314,7 @@ def test_default_daemonset_scheduling(default):
 def test_default_daemon_command_line(default):
     c = default.container
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert c["image"] == f"ghcr.io/topo-device-plugin/topo-device-plugin:{chart['appVersion']}"
+    assert c["image"] == f"localhost/topo-device-plugin:{chart['appVersion']}"
     assert "command" not in c  # the image's ENTRYPOINT is topo-device-plugin
     assert c["args"] == [
         "serve",
@@ -597,7 +597,7 @@ def test_extras(helm, tmp_path):
     r = render(helm, tmp_path, EXTRAS)
     assert r.kinds() == ["DaemonSet", "Service"]  # existing ConfigMap, existing ServiceAccount
     c, spec = r.container, r.pod_spec
-    assert c["image"] == "ghcr.io/topo-device-plugin/topo-device-plugin@sha256:" + "ab" * 32
+    assert c["image"] == "localhost/topo-device-plugin@sha256:" + "ab" * 32
     assert c["securityContext"]["privileged"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is True
     assert r.get("DaemonSet")["spec"]["updateStrategy"] == {"type": "OnDelete"}
@@ -619,7 +619,7 @@ def test_image_tag_value_and_packaged_chart(helm, tmp_path):
     # --set turns digits into an integer; the tag must still render as a string.
     proc = run_helm(helm, "template", RELEASE, str(tgz), "--set", "image.tag=20261122")
     assert proc.returncode == 0, proc.stderr
-    assert 'image: "ghcr.io/topo-device-plugin/topo-device-plugin:20261122"' in proc.stdout
+    assert 'image: "localhost/topo-device-plugin:20261122"' in proc.stdout
 
 
 # ---- the schema rejects bad values ----------------------------------------------------------------

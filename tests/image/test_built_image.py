@@ -87,6 +87,19 @@ def test_containerd_knows_the_image_by_its_name(built, containerd):
     assert built.ref in containerd.ctr("images", "ls", "-q").stdout.split()
 
 
+def test_the_image_command_names_the_archive_as_the_charts_default_image(built, containerd, tmp_path):
+    """`scripts/image.py build --tool offline` gives the chart's default name: a default install finds it."""
+    import image
+
+    archive = tmp_path / "topo-device-plugin.tar"
+    image.retag(built.archive, archive, image.default_ref())
+    containerd.import_image(archive)
+    assert image.default_ref() in containerd.ctr("images", "ls", "-q").stdout.split()
+    assert image.default_ref() == "localhost/topo-device-plugin:" + image.app_version()
+    rc, out = ctr_run(containerd, image.default_ref(), "topo-device-plugin", "--version", name="tdp-retagged")
+    assert rc == 0, out
+
+
 def test_version_through_the_runtime(built, containerd):
     rc, out = ctr_run(containerd, built.ref, "topo-device-plugin", "--version", name="tdp-version")
     assert rc == 0, out
