@@ -15,6 +15,7 @@ import os
 import pathlib
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -316,3 +317,43 @@ class StageTimes(dict[str, float]):
         finally:
             self[name] = time.monotonic() - t0
 
+
+
+class AllocatableGap:
+    """How long the kubelet lists none of `resource` while a rollout replaces the daemon pod: sampled from
+    pod-resources GetAllocatableResources (the kubelet's own view, not the Node status it posts every few
+    seconds) in a thread, reported, never asserted. `with AllocatableGap(c, GPU) as gap: ...; gap.zero_s`."""
+
+    def __init__(self, c: Cluster, resource: str, every_s: float = 0.2):
+        self.c, self.resource, self.every_s = c, resource, every_s
+        self.zero_s = 0.0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="allocatable-gap", daemon=True)
+
+    def _run(self) -> None:
+        zero_since: float | None = None
+        while not self._stop.is_set():
+            try:
+                listed = self.c.podresources()["allocatable"].get(self.resource) or []
+            except Exception:  # noqa: BLE001 - a failed sample is skipped: this is a measurement
+                listed = None
+            now = time.monotonic()
+            if listed is not None:
+                self.samples += 1
+                if not listed and zero_since is None:
+                    zero_since = now
+                elif listed and zero_since is not None:
+                    self.zero_s += now - zero_since
+                    zero_since = None
+            self._stop.wait(self.every_s)
+        if zero_since is not None:
+            self.zero_s += time.monotonic() - zero_since
+
+    def __enter__(self) -> AllocatableGap:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
