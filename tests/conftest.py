@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import pytest
 from topo_testkit import SHARED_DIR
 
+pytest_plugins = ["topo_testkit.measured"]
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = SHARED_DIR
 TOPOLOGIES = sorted((SHARED / "topologies").glob("*.txt"))
