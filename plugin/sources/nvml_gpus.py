@@ -454,6 +454,32 @@ class NvmlGpuSource:
         devices, links = self.discover()
         return NodeTopology.build(devices, links, source=SOURCE)
 
+    def read_fabrics(self, gpus: Sequence[Device]) -> dict[str, FabricInfo | None]:
+        """The fabric clique of each GPU now ({name: FabricInfo or None}), blocking; for the periodic re-read.
+
+        A GPU NVML cannot find by UUID (lost, gone) is left out: the rescan that follows its
+        hot-plug or health event speaks for it. Raises NVMLError when NVML cannot be initialised.
+        """
+        nvml = self.nvml
+        nvml.nvmlInit()
+        out: dict[str, FabricInfo | None] = {}
+        try:
+            for g in gpus:
+                if g.uuid is None:
+                    continue
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByUUID(g.uuid)
+                except nvml.NVMLError as e:
+                    log.debug("GPU not found for the fabric re-read", extra={"gpu": g.name, "reason": str(e)})
+                    continue
+                out[g.name] = read_fabric(nvml, handle, g.name)
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as e:  # pragma: no cover - nothing useful to do
+                log.debug("nvmlShutdown failed", extra={"reason": str(e)})
+        return out
+
     async def watch_health(self, gpus: Sequence[Device], on_health: Callable[[Mapping[str, str]], None]) -> None:
         """Run GPU health until cancelled; `on_health({gpu name: health})` on the loop at each change."""
         if not gpus or self.init_error is not None or not self.health.enabled:

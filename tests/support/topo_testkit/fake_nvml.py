@@ -43,7 +43,13 @@ answers `nvmlDeviceGetGpuFabricInfoV` / `nvmlDeviceGetGpuFabricInfo` by filling
 pynvml's own structure (cluster UUID bytes, status, clique ID, state); a GPU
 without one answers NOT_SUPPORTED, as NVML does on GPUs with no fabric.
 `set_fabric(gpu, fabric)` changes the answer (the fabric manager finishing, a
-GPU moved to another partition). Drivers before the calls existed:
+GPU moved to another partition). For a daemon in another process, `fabric_file`
+(set by `with_fake_nvml` from `TOPO_TESTKIT_FABRIC_FILE`) names a JSON file read
+at every fabric call, standing in for the fabric manager: `{"GPU0": {"state":
+"completed", "clusterUuid": "...", "cliqueId": 7}, "GPU1": null}` (null: no
+fabric, NOT_SUPPORTED); a GPU it does not name keeps its own answer. A state
+other than completed reports a zero cluster UUID and clique 0, as NVML does
+before the fabric manager has registered the GPU. Drivers before the calls existed:
 `missing_functions={"nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"}`.
 
 Failure and event injection for tests: `init_error`, `lose(gpu)` /
@@ -64,6 +70,7 @@ fake does not know is refused, so a misspelt name cannot make a test vacuous.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -732,23 +739,40 @@ class FakeNvml:
     # pynvml's structures for the fabric calls (the caller allocates one and passes it by reference).
     c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
     c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
+    #: A JSON file standing in for the fabric manager (see the module docstring); None: `Device.fabric` only.
+    fabric_file: str | None = None
+
+    def _fabric_of(self, g: _FakeGpu) -> FabricInfo | None:
+        if self.fabric_file is None or not os.path.exists(self.fabric_file):
+            return g.fabric
+        with open(self.fabric_file, encoding="utf-8") as f:
+            table = json.load(f)
+        if g.device.name not in table:
+            return g.fabric
+        entry = table[g.device.name]
+        if entry is None:
+            return None
+        return FabricInfo(cluster_uuid=entry.get("clusterUuid", str(uuidlib.UUID(int=0))),
+                          clique_id=int(entry.get("cliqueId", 0)), state=entry.get("state", "completed"))
 
     def _fill_fabric(self, name: str, handle: Any, out: Any) -> int:
         self._count(name)
         g = self._h(handle)
-        if g.fabric is None:
+        fabric = self._fabric_of(g)
+        if fabric is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         info = getattr(out, "_obj", out)  # ctypes.byref(struct) -> the struct
         states = {"not-supported": pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
                   "not-started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
                   "in-progress": pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS,
                   "completed": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED}
-        raw = uuidlib.UUID(g.fabric.cluster_uuid).bytes
+        done = fabric.state == "completed"
+        raw = uuidlib.UUID(fabric.cluster_uuid).bytes if done else bytes(16)
         for i, byte in enumerate(raw):
             info.clusterUuid[i] = byte
         info.status = pynvml.NVML_SUCCESS
-        info.cliqueId = g.fabric.clique_id
-        info.state = states[g.fabric.state]
+        info.cliqueId = fabric.clique_id if done else 0
+        info.state = states[fabric.state]
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, out: Any) -> int:
