@@ -138,7 +138,7 @@ class GpuLinks:
     gpus: Counter[str] = field(default_factory=Counter)
     #: Links that end at an NVSwitch.
     switch: int = 0
-    #: Active links to anything else (an IBM NPU, unknown ends); not GPU pairs.
+    #: Active links to anything else (an IBM NPU, a GPU NVML gives no address for); not GPU pairs.
     other: int = 0
 
 
