@@ -10,10 +10,9 @@ machine (no gRPC), so the numbers are the policy's own cost.
    per-n summary for the other policies.
 2. Quality above the exact range (n = 32, 64, default 20 ms budget): how often
    the answer is proven optimal, and how a much longer budget compares.
-3. go-gpuallocator's best-effort partition search (OUR re-implementation,
-   `gpuallocator_reference.py`) on the same inputs at n <= 8, and capped at
-   n = 10/12: its time, and how often its choice is worse under our
-   objective (or invalid: padded/empty answers).
+
+NVIDIA's go-gpuallocator on the same kind of requests is `gpuallocator_real_bench.py` (its real
+Go code, built from its module), which imports this module's topologies and requests.
 
 Usage: python benchmarks/allocator_bench.py [--quick] [--seed N]
 A full run takes about 2-3 minutes on 2 cores; --quick under 30 s.
@@ -39,7 +38,6 @@ from allocator.policies import get_policy  # noqa: E402
 from allocator.request import Allocation, AllocationRequest  # noqa: E402
 from allocator.scoring import evaluate, objective_key  # noqa: E402
 from allocator.topology import DeviceGraph, Link  # noqa: E402
-from gpuallocator_reference import ReferenceTimeout, best_effort_allocate, partition_count  # noqa: E402
 
 # -- topologies ----------------------------------------------------------------
 _VOLTA = {
@@ -271,65 +269,6 @@ def quality(ns: Sequence[int], trials: int, long_budget: float, seed: int) -> No
     print("\n(gap = how much larger W(S) the long run found, among requests where it found a better set)")
 
 
-# -- 3. go-gpuallocator side by side ----------------------------------------------
-def versus_reference(ns: Sequence[int], capped: Sequence[int], trials: int, cap_s: float, seed: int) -> None:
-    print(f"\n## 3. go-gpuallocator best-effort (our re-implementation) vs numa-first, same inputs\n"
-          f"   pair score = our spec weights; the reference is timed once per request (ours: fastest of "
-          f"{REPEATS});\n   ref capped at {cap_s:.1f} s per call for n in {list(capped)} (one request per "
-          f"topology and k there)\n")
-    policy = get_policy("numa-first")
-    rows = []
-    for n in [*ns, *capped]:
-        ref_ms: list[float] = []
-        our_ms: list[float] = []
-        cases = worse = worse_span = worse_w = worse_left = invalid = timeouts = 0
-        max_parts = 0
-        for fam, build in FAMILIES.items():
-            g = build(n, seed + 3)
-            rng = random.Random(repr((seed, fam, n, "ref")))
-            for k in range(1, n):
-                for _ in range(trials if n not in capped else 1):
-                    req = random_request(rng, g, k)
-                    pos = g.index_of()
-                    avail = sorted(pos[i] for i in req.available)
-                    must = sorted(pos[i] for i in req.must_include)
-                    max_parts = max(max_parts, partition_count(len(avail), k))
-                    ours, ms = timed(policy, g, req)
-                    our_ms.append(ms)
-                    cases += 1
-                    t0 = time.perf_counter()
-                    try:
-                        got = best_effort_allocate(avail, must, k, lambda a, b: g.weights[a][b],
-                                                   deadline=t0 + cap_s if n in capped else None)
-                    except ReferenceTimeout:
-                        timeouts += 1
-                        ref_ms.append(cap_s * 1e3)
-                        continue
-                    ref_ms.append((time.perf_counter() - t0) * 1e3)
-                    if len(got) != k or None in got:
-                        invalid += 1
-                        continue
-                    theirs = [g.ids[i] for i in got]  # type: ignore[index]
-                    ko = objective_key("numa-first", evaluate(g, req.available, ours.ids))
-                    kt = objective_key("numa-first", evaluate(g, req.available, theirs))
-                    if kt > ko:
-                        worse += 1
-                        if kt[0] > ko[0]:
-                            worse_span += 1
-                        elif kt[1] > ko[1]:
-                            worse_w += 1
-                        else:
-                            worse_left += 1
-        rows.append([
-            n, cases, f"{max_parts:,}", Cell(ref_ms).text(), Cell(our_ms).text(),
-            f"{100 * worse / cases:.0f}%", worse_span, worse_w, worse_left, invalid, timeouts,
-        ])
-    print(table(["n", "requests", "max partitions", "ref ms p50/p99", "ours ms p50/p99", "ref worse",
-                 "by span", "by W(S)", "by W(A\\S)", "ref invalid", "ref timed out"], rows))
-    print("\n(ref worse = its answer loses to ours on the spec's criteria 1-3; invalid = a padded "
-          "(None) or empty answer, go-gpuallocator PR #80)")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests (under 30 s)")
@@ -348,12 +287,10 @@ def main() -> None:
         latency(ns, trials=8, seed=args.seed)
         policy_summary((8, 16, 32), trials=2, seed=args.seed)
         quality((32, 64), trials=1, long_budget=0.1, seed=args.seed)
-        versus_reference((4, 6, 8), (10,), trials=1, cap_s=0.3, seed=args.seed)
     else:
         latency(ns, trials=50, seed=args.seed)
         policy_summary(ns, trials=6, seed=args.seed)
         quality((32, 64), trials=5, long_budget=1.0, seed=args.seed)
-        versus_reference((4, 6, 8), (10, 12), trials=5, cap_s=2.0, seed=args.seed)
     print(f"\ntotal {time.perf_counter() - started:.1f} s")
 
 

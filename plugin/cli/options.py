@@ -325,6 +325,7 @@ def make_source(settings: Settings) -> TopologySource:
         sysfs_root=v["sysfs_root"], dev_root=v["dev_root"], proc_root=v["proc_root"],
         fail_on_init_error=v["fail_on_init_error"], gpu_health=settings.config.gpu_health,
         nic_link_health=v["nic_link_health"], fabric_labels_file=v.get("fabric_labels_file"),
+        fabric_recheck_s=v.get("fabric_recheck_s") or None,
     )
     if node_labeller is None:
         return hardware

@@ -289,6 +289,11 @@ OPTIONS: tuple[Option, ...] = (
            "server (RBAC: get and patch nodes); only that label is touched, removed when there is no clique, "
            "retried while the API server is unreachable (docs/platforms.md).", kind="bool", default=False,
            commands=SERVE, chart_managed=True, target=D),
+    Option("fabric_recheck_s", "Re-read the GPUs' NVLink fabric state (NVML's fabric info: registration state, "
+           "cluster UUID, clique ID) this often, in seconds, so a GPU the fabric manager registers after start "
+           "gets its clique label and DRA attribute; a change triggers a rescan and is published (as GPU Feature "
+           "Discovery re-labels every 60 s). 0: only at start, rescans and GPU health events.", kind="number",
+           default=60.0, zero_ok=True, maximum=86400.0, commands=SERVE, target=D),
     Option("kubelet_root_dir", "The kubelet's --root-dir.", kind="path", default="/var/lib/kubelet", commands=SERVE,
            chart_managed=True, target=S),
     Option("device_plugin_path", "Where kubelet.sock is and our sockets go.", kind="path", commands=SERVE,

@@ -25,6 +25,14 @@ Node Feature Discovery feature file (`plugin.sources.fabric_labels`): after ever
 discovery and rescan, and a GPU health change asks for a rescan so a fabric
 that changed state is seen.
 
+The fabric state is also re-read every `fabric_recheck_s` (`--fabric-recheck-s`,
+60 s as GPU Feature Discovery): the fabric manager of an NVL72 tray often
+registers its GPUs after the daemon has started, and no udev event, NVML event
+(pynvml has no fabric event type) or health event says so. The check is cheap
+(one `nvmlDeviceGetGpuFabricInfoV` per GPU); a GPU whose answer differs from
+the topology served asks for a full rescan, which publishes the change through
+the same path as a hot-plug (labels, resources, DRA slices).
+
 `watch()` runs two things until cancelled and merges them:
 - the GPU health monitor (`NvmlGpuSource.watch_health`): health changes are
   applied to the topology being served and published at once;
@@ -88,6 +96,8 @@ class HardwareOptions:
     monitor_factory: MonitorFactory = field(default=UdevMonitor, compare=False)
     #: Keep the GPUs' NVLink clique label in this NFD feature file (None: off).
     fabric_labels_file: str | None = None
+    #: Re-read the GPUs' fabric state this often, in seconds; a change triggers a rescan (None: off).
+    fabric_recheck_s: float | None = None
 
 
 def read_numa(sysfs_root: str) -> tuple[list[int], dict[tuple[int, int], int]]:
@@ -349,10 +359,37 @@ class HardwareSource:
         )
         self._health_task: asyncio.Task | None = None
         self._restart_health()
+        fabric: asyncio.Task | None = None
+        if o.fabric_recheck_s and self._gpu_source is not None:
+            fabric = asyncio.get_running_loop().create_task(self._recheck_fabric(o.fabric_recheck_s),
+                                                            name="fabric-recheck")
         try:
             await self.watcher.run(self._base)
         finally:
+            if fabric is not None:
+                fabric.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await fabric
             await self._stop_health()
+
+    async def _recheck_fabric(self, interval_s: float) -> None:
+        """Every `interval_s`: read the GPUs' fabric state; a GPU that differs from the served one asks for a rescan."""
+        while True:
+            await asyncio.sleep(interval_s)
+            base = self._base
+            gpus = [g for g in base.gpus if g.kind is DeviceKind.GPU and g.health == HEALTHY] if base else []
+            if not gpus or self.watcher is None:
+                continue
+            try:
+                now = await asyncio.to_thread(self._gpu_source.read_fabrics, gpus)
+            except Exception as e:  # noqa: BLE001 - a failing NVML must not stop the re-read; logged, retried
+                log.warning("cannot re-read the NVLink fabric state; trying again in %.0f s", interval_s,
+                            extra={"reason": str(e)})
+                continue
+            changed = sorted(g.name for g in gpus if g.name in now and now[g.name] != g.fabric)
+            if changed and self._base is base:
+                log.info("NVLink fabric state changed; rescanning", extra={"gpus": ",".join(changed)})
+                self.watcher.kick(f"NVLink fabric state changed ({', '.join(changed)})")
 
     def _restart_health(self) -> None:
         """(Re)start the GPU health monitor for the current GPUs (after a GPU hot-plug too)."""
@@ -398,6 +435,7 @@ def hardware_source_from_options(
     debounce_s: float = 0.5,
     monitor_factory: Callable[..., Any] | None = None,
     fabric_labels_file: str | None = None,
+    fabric_recheck_s: float | None = None,
 ) -> HardwareSource:
     """The one call the daemon/CLI needs: a `HardwareSource` from `serve`/`discover` options."""
     kw: dict[str, Any] = {}
@@ -408,5 +446,5 @@ def hardware_source_from_options(
         nvml=nvml, gpus=gpus, nics=nics, node_name=node_name, gpu_health=gpu_health,
         nic_link_health=nic_link_health, link_poll_s=link_poll_s, hotplug=hotplug,
         rescan_interval_s=rescan_interval_s, periodic_rescan_s=periodic_rescan_s, debounce_s=debounce_s,
-        fabric_labels_file=fabric_labels_file, **kw,
+        fabric_labels_file=fabric_labels_file, fabric_recheck_s=fabric_recheck_s, **kw,
     ))

@@ -11,15 +11,24 @@ hot-plug), never inside an RPC:
   for each active one, the remote end's PCI address
   (`nvmlDeviceGetNvLinkRemotePciInfo_v2`) and, where the driver has it, its
   type (`nvmlDeviceGetNvLinkRemoteDeviceType`).
+- The remote type is trusted first. A switch end need not have a PCI address
+  this node can see: GB200/GB300 NVL72 trays on driver 580 report
+  `FFFFFFFF:FF:FF.0` (the switches sit in other trays), so an address that
+  does not parse never drops a link whose type is known.
 - A link whose remote end is a GPU counts towards that pair (`NV<n>`,
   bridges and hybrid cube-mesh). If the two ends disagree the higher count
   wins, with a warning (NVIDIA's code panics there, k8s-device-plugin #448).
 - A link whose remote end is an NVSwitch makes the GPU part of the switch
-  fabric: every pair of fabric GPUs gets `NV<n>`, n = the smaller of the two
-  GPUs' switch-link counts (a GPU with a failed link drags only its own
-  pairs down). Without the remote type (old driver or bindings), a remote end
-  that is no GPU is taken as a switch, unless sysfs shows it as a non-NVIDIA
-  device (an IBM POWER9 NPU: NVLink to the CPU, which is no GPU pair at all).
+  fabric: every pair of fabric GPUs in the same NVSwitch domain gets `NV<n>`,
+  n = the smaller of the two GPUs' switch-link counts (a GPU with a failed
+  link drags only its own pairs down). The domain is what NVML reports: all
+  switch-connected GPUs of the node form one, split by fabric clique where
+  both GPUs have one (`nvmlDeviceGetGpuFabricInfoV`; the switch addresses
+  cannot tell domains apart when they are unknown). Without the remote type
+  (old driver or bindings, or UNKNOWN), a remote end that is no GPU is taken
+  as a switch, unless sysfs shows it as a non-NVIDIA device (an IBM POWER9
+  NPU: NVLink to the CPU, which is no GPU pair at all); one with no usable
+  address is taken as a switch too (only an NVSwitch outside the tray has none).
 - The PCIe level of a pair comes from `nvmlDeviceGetTopologyCommonAncestor`
   (INTERNAL/SINGLE -> PIX, MULTIPLE -> PXB, HOSTBRIDGE -> PHB, NODE -> NODE,
   SYSTEM -> SYS); where NVML cannot say, from the sysfs PCIe tree
@@ -129,7 +138,7 @@ class GpuLinks:
     gpus: Counter[str] = field(default_factory=Counter)
     #: Links that end at an NVSwitch.
     switch: int = 0
-    #: Active links to anything else (an IBM NPU, unknown ends); not GPU pairs.
+    #: Active links to anything else (an IBM NPU, a GPU NVML gives no address for); not GPU pairs.
     other: int = 0
 
 
@@ -166,9 +175,10 @@ class _LinkReader:
         self.t_gpu = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_GPU", 0)
         self.t_switch = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
         self.t_npu = getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_IBMNPU", 1)
+        self.unknown_address_logged = False
 
-    def _kind(self, handle: Any, link: int, bdf: str) -> str:
-        """`gpu`, `switch` or `other` for the remote end of an active link."""
+    def _kind(self, handle: Any, link: int, bdf: str | None) -> str:
+        """`gpu`, `switch` or `other` for the remote end of an active link (`bdf` None: no usable address)."""
         if self.remote_type is not None:
             try:
                 t = self.remote_type(handle, link)
@@ -185,14 +195,34 @@ class _LinkReader:
                 return "other"
         # No usable type: a known GPU's address is a GPU; an NVIDIA (or unseen) device that is
         # not a GPU is an NVSwitch; anything else (IBM NPU, vendor 1014) is not a GPU pair.
+        if bdf is None:
+            return "switch"  # no address this node can see: an NVSwitch in another tray (NVL72)
         if bdf in self.gpu_bdfs:
             return "gpu"
         vendor = _pci_vendor(self.sysfs_root, bdf)
         return "switch" if vendor in (None, "10de") else "other"
 
+    def _remote_bdf(self, handle: Any, link: int) -> str | None:
+        """The remote end's PCI address in kernel form, or None where NVML gives none that parses."""
+        if self.remote_pci is None:
+            return None
+        try:
+            raw = _str(self.remote_pci(handle, link).busId)
+        except self.nvml.NVMLError as e:
+            log.debug("NVLink remote PCI info unreadable", extra={"link": link, "reason": str(e)})
+            return None
+        try:
+            return normalize_bdf(raw)
+        except ValueError:
+            if not self.unknown_address_logged:
+                log.info("an NVLink's remote end has no PCI address on this node (an NVSwitch outside the tray);"
+                         " telling it by its remote device type", extra={"busId": raw.rstrip("\x00")})
+                self.unknown_address_logged = True
+            return None
+
     def read(self, handle: Any) -> GpuLinks:
         out = GpuLinks()
-        if self.remote_pci is None:
+        if self.remote_pci is None and self.remote_type is None:
             return out
         for link in range(self.max_links):
             try:
@@ -200,18 +230,14 @@ class _LinkReader:
                     continue
             except self.nvml.NVMLError:
                 continue  # no NVLink at all, or beyond this GPU's link count
-            try:
-                bdf = normalize_bdf(_str(self.remote_pci(handle, link).busId))
-            except (self.nvml.NVMLError, ValueError) as e:
-                log.debug("NVLink remote PCI info unreadable", extra={"link": link, "reason": str(e)})
-                continue
+            bdf = self._remote_bdf(handle, link)
             kind = self._kind(handle, link, bdf)
-            if kind == "gpu":
+            if kind == "gpu" and bdf is not None:
                 out.gpus[bdf] += 1
             elif kind == "switch":
                 out.switch += 1
             else:
-                out.other += 1
+                out.other += 1  # a GPU NVML cannot name is no pair we can count
         return out
 
 
@@ -289,6 +315,19 @@ def read_fabric(nvml: Any, handle: Any, name: str) -> FabricInfo | None:
     return None
 
 
+def _same_switch_domain(a: Device, b: Device) -> bool:
+    """Whether two switch-connected GPUs reach each other through the switches.
+
+    NVML names no switch domain, and on NVL72 trays not even the switches' addresses; what it
+    does report is each GPU's fabric clique. GPUs in different cliques (other partitions of the
+    fabric manager) share no NVLink path; a GPU without a clique (no fabric, or not registered
+    yet) is taken to be in the node's one domain, as on every HGX/DGX baseboard.
+    """
+    if a.fabric is None or b.fabric is None:
+        return True
+    return (a.fabric.cluster_uuid, a.fabric.clique_id) == (b.fabric.cluster_uuid, b.fabric.clique_id)
+
+
 def _pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
 
@@ -320,7 +359,7 @@ def _discover_initialised(nvml: Any, sysfs_root: str, proc_root: str) -> tuple[l
                 log.warning("asymmetric NVLink count; keeping the higher", extra={
                     "pair": f"{a.device.name}-{b.device.name}", "a_to_b": ab, "b_to_a": ba})
             n = max(ab, ba)
-            if la.switch and lb.switch:
+            if la.switch and lb.switch and _same_switch_domain(a.device, b.device):
                 n += min(la.switch, lb.switch)
             level = _pcie(nvml, a, b, sysfs_root)
             links[_pair(a.device.name, b.device.name)] = Link(nvlinks=n, level=level)
@@ -414,6 +453,32 @@ class NvmlGpuSource:
     def load(self) -> NodeTopology:
         devices, links = self.discover()
         return NodeTopology.build(devices, links, source=SOURCE)
+
+    def read_fabrics(self, gpus: Sequence[Device]) -> dict[str, FabricInfo | None]:
+        """The fabric clique of each GPU now ({name: FabricInfo or None}), blocking; for the periodic re-read.
+
+        A GPU NVML cannot find by UUID (lost, gone) is left out: the rescan that follows its
+        hot-plug or health event speaks for it. Raises NVMLError when NVML cannot be initialised.
+        """
+        nvml = self.nvml
+        nvml.nvmlInit()
+        out: dict[str, FabricInfo | None] = {}
+        try:
+            for g in gpus:
+                if g.uuid is None:
+                    continue
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByUUID(g.uuid)
+                except nvml.NVMLError as e:
+                    log.debug("GPU not found for the fabric re-read", extra={"gpu": g.name, "reason": str(e)})
+                    continue
+                out[g.name] = read_fabric(nvml, handle, g.name)
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as e:  # pragma: no cover - nothing useful to do
+                log.debug("nvmlShutdown failed", extra={"reason": str(e)})
+        return out
 
     async def watch_health(self, gpus: Sequence[Device], on_health: Callable[[Mapping[str, str]], None]) -> None:
         """Run GPU health until cancelled; `on_health({gpu name: health})` on the loop at each change."""

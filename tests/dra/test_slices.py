@@ -273,3 +273,36 @@ def test_slice_order_lists_gpus_by_index_then_nics_by_their_first_close_gpu(node
     assert order[:len(gpus)] == gpus and [d.index for d in gpus] == sorted(d.index for d in gpus)
     ranks = [next((i for i, g in enumerate(gpus) if _close(topology, g.name, n.name)), len(gpus)) for n in nics]
     assert ranks == sorted(ranks), (node, [n.name for n in nics], ranks)
+
+
+# ---- GPUs discovered through NVML (the NVML double), switch addresses unknown -------------------
+
+
+def _gb200_through_nvml(tmp_path, cliques=None):
+    from dataclasses import replace as _replace
+
+    from plugin.sources.nvml_gpus import NvmlGpuSource
+    from topo_testkit.fake_nvml import FakeNvml
+
+    sim = load_simulated("gb200-cx7")
+    fake = FakeNvml(sim.without(d.name for d in sim.nics))
+    assert fake.switch_address == "unknown"
+    for name, clique in (cliques or {}).items():
+        fake.set_fabric(name, _replace(fake.by_name[name].fabric, clique_id=clique))
+    return NvmlGpuSource(nvml=fake, sysfs_root=fake.write_sysfs(str(tmp_path / "sys"))).load()
+
+
+def test_a_gb200_tray_read_through_nvml_has_one_nvlink_domain_and_its_clique(tmp_path):
+    """Driver 580 gives the switch end no address (FFFFFFFF:FF:FF.0): the GPUs still share a domain."""
+    devs = by_topology_name(_gb200_through_nvml(tmp_path))
+    gpus = [devs[f"GPU{i}"] for i in range(4)]
+    assert len({attr(d, "nvlinkDomain") for d in gpus}) == 1 and attr(gpus[0], "nvlinkDomain") is not None
+    (clique,) = {g.fabric.clique for g in load_simulated("gb200-cx7").gpus}
+    assert {attr(d, "clique") for d in gpus} == {clique}
+
+
+def test_gpus_of_two_fabric_cliques_are_two_nvlink_domains(tmp_path):
+    devs = by_topology_name(_gb200_through_nvml(tmp_path, {"GPU2": 2, "GPU3": 2}))
+    domain = {i: attr(devs[f"GPU{i}"], "nvlinkDomain") for i in range(4)}
+    assert domain[0] == domain[1] and domain[2] == domain[3] and domain[0] != domain[2]
+    assert None not in domain.values()

@@ -250,3 +250,80 @@ def test_generated_node_discovers_exactly(tmp_path, common_ancestor):
     found = NvmlGpuSource(nvml=fake, sysfs_root=node.sysfs_root).load()
     assert found.devices == expected.devices
     assert dict(found.links) == dict(expected.links)
+
+
+#: Every built-in node whose GPUs the fake wires through NVSwitches (all pairs NV<n>, 3 GPUs or more).
+NVSWITCH_BUILTINS = [n for n in builtin_names()
+                     if len(load_simulated(n).gpus) >= 3
+                     and len({link.nvlinks for (a, b), link in load_simulated(n).links.items()
+                              if a.startswith("GPU") and b.startswith("GPU") and "-mig" not in a + b}) == 1
+                     and load_simulated(n).link("GPU0", "GPU1").nvlinks > 0]
+
+
+def test_the_nvswitch_builtins_are_the_hgx_dgx_and_nvl72_nodes():
+    assert {"dgx-a100", "dgx-h100", "hgx-b200", "gb200-cx7", "gb300-cx8-dd"} <= set(NVSWITCH_BUILTINS)
+
+
+@pytest.mark.parametrize("source", NVSWITCH_BUILTINS)
+@pytest.mark.parametrize("mode", ["ok", "function-not-found", "absent", "unknown"])
+def test_nvswitch_links_hold_when_the_switch_address_is_unknown(source, mode, tmp_path):
+    """Driver 580 on GB200 reports `FFFFFFFF:FF:FF.0` for the switch end: the links must not vanish.
+
+    Whatever the driver says of the remote type (SWITCH, no call, no binding, UNKNOWN), every GPU
+    pair reads NV<n> as on the real node (NV18 on H100/B200/GB200, NV12 on A100), and the DRA
+    slices carry one `nvlinkDomain` for all the GPUs.
+    """
+    from plugin.dra.slices import SliceOptions, build_resource_slices
+
+    sim = load_simulated(source)
+    found, fake = discover(sim, tmp_path, switch_address="unknown", remote_device_type=mode)
+    assert not fake.switch_bdfs and fake.gpus[0].links, "the switch ends must have no address here"
+    assert all(bus == "FFFFFFFF:FF:FF.0" for g in fake.gpus for bus, _ in g.links.values())
+    n = len(sim.gpus)
+    assert gpu_part(found) == gpu_part(sim)
+    want = sim.link("GPU0", "GPU1").label
+    assert want in ("NV18", "NV12", "NV6")
+    labels = [found.link(a.name, b.name).label for i, a in enumerate(found.gpus) for b in found.gpus[i + 1:]]
+    assert labels == [want] * (n * (n - 1) // 2)
+    domains = set()
+    for s in build_resource_slices(found, SliceOptions(node_name="node-a")):
+        for d in s["spec"].get("devices", ()):
+            if "mig" not in d["name"]:
+                domains.add(next(iter(d["attributes"].get("nvlinkDomain", {None: None}).values())))
+    assert len(domains) == 1 and None not in domains
+
+
+def test_unknown_switch_addresses_are_the_default_for_nvl72_trays(tmp_path):
+    fake = FakeNvml(load_simulated("gb200-cx7"))
+    assert fake.switch_address == "unknown" and not fake.switch_bdfs
+    assert FakeNvml(load_simulated("dgx-h100")).switch_address == "pci"
+
+
+def test_inactive_links_answer_not_supported_and_are_skipped(tmp_path):
+    sim = load_simulated("dgx-h100")
+    fake = FakeNvml(sim, switch_address="unknown", down_links={"GPU5": 3})
+    fake.nvmlInit()
+    try:
+        h = fake.nvmlDeviceGetHandleByIndex(5)
+        with pytest.raises(pynvml.NVMLError) as e:
+            fake.nvmlDeviceGetNvLinkRemotePciInfo_v2(h, 0)
+        assert e.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+    finally:
+        fake.nvmlShutdown()
+    found = NvmlGpuSource(nvml=fake, sysfs_root=fake.write_sysfs(str(tmp_path / "sys"))).load()
+    for (a, b), link in found.links.items():
+        assert link.nvlinks == (15 if "GPU5" in (a, b) else 18), (a, b)
+
+
+def test_gpus_in_different_fabric_cliques_share_no_nvlink(tmp_path):
+    """A fabric manager partition splits the NVSwitch domain: NVML says so by the clique ID alone."""
+    sim = load_simulated("gb200-cx7")
+    fake = FakeNvml(sim)
+    other = replace(fake.gpus[0].fabric, clique_id=fake.gpus[0].fabric.clique_id + 1)
+    for name in ("GPU2", "GPU3"):
+        fake.set_fabric(name, other)
+    found = NvmlGpuSource(nvml=fake, sysfs_root=fake.write_sysfs(str(tmp_path / "sys"))).load()
+    assert found.link("GPU0", "GPU1").label == found.link("GPU2", "GPU3").label == "NV18"
+    for a in ("GPU0", "GPU1"):
+        for b in ("GPU2", "GPU3"):
+            assert found.link(a, b).nvlinks == 0 and found.link(a, b).level == sim.link(a, b).level, (a, b)

@@ -148,3 +148,37 @@ async def test_a_gpu_health_event_re_reads_the_fabric(tmp_path):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_gpu_the_fabric_manager_registers_after_start_gets_its_clique_without_any_event(tmp_path):
+    """NVL72 boot order: the daemon starts while the fabric manager is still registering the GPUs.
+
+    No udev event, NVML event or health event follows; the periodic re-read (here every 50 ms)
+    sees the state go from not started through in progress to completed, and the rescan it asks
+    for writes the label and publishes GPUs that carry the clique.
+    """
+    src, fake, path = gb200(tmp_path)
+    src = HardwareSource(replace(src.options, fabric_recheck_s=0.05))
+    for g in fake.gpus:
+        fake.set_fabric(g.device.name, FabricInfo(CLUSTER, 0, "not-started"))
+    first = await asyncio.to_thread(src.load)
+    assert not os.path.exists(path) and all(g.fabric is None for g in first.gpus)
+    published = []
+    task = asyncio.create_task(src.watch(first, published.append))
+    try:
+        await wait_for(lambda: src.watcher is not None and src.watcher.mode != "stopped")
+        for g in fake.gpus:
+            fake.set_fabric(g.device.name, FabricInfo(CLUSTER, 0, "in-progress"))
+        fake.set_fabric("GPU0", FabricInfo(CLUSTER, 7))  # one registered: the others still in progress
+        await wait_for(lambda: published and published[-1].device("GPU0").fabric is not None, timeout=30)
+        assert labels(path) == {CLIQUE_LABEL: f"{CLUSTER}.7"}
+        for g in fake.gpus:
+            fake.set_fabric(g.device.name, FabricInfo(CLUSTER, 7))
+        await wait_for(lambda: all(d.fabric is not None for d in published[-1].gpus), timeout=30)
+        assert {d.fabric.clique for d in published[-1].gpus} == {f"{CLUSTER}.7"}
+        assert fake.calls["nvmlDeviceGetGpuFabricInfoV"] > 2 * len(fake.gpus)  # read again, not only at start
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+

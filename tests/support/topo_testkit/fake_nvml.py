@@ -18,7 +18,12 @@ What the topology becomes:
 - `NV<n>` pairs: per-GPU NVLink tables whose remote PCI info points at the
   peer GPU (bridges, hybrid cube-mesh). When every GPU pair is `NV<n>` with
   one n (3 GPUs or more; `nvswitch=` forces either way), each GPU instead has
-  n links to NVSwitches, with switch bus ids and remote type SWITCH (HGX/DGX).
+  n links to NVSwitches with remote type SWITCH. `switch_address` says what
+  their remote PCI info holds: "pci", a bus id on this node's PCI bus with a
+  sysfs entry (HGX/DGX baseboards: A100 has 6 switches, H100 4), or "unknown",
+  `FFFFFFFF:FF:FF.0` and nothing in sysfs (GB200/GB300 NVL72 trays on driver
+  580: the switches sit in other trays); the default is "unknown" for GPUs
+  that carry fabric info (NVL72), else "pci".
   `cpu_nvlinks=k` adds k links per GPU to an IBM NPU (POWER9).
 - `nvmlDeviceGetTopologyCommonAncestor` answers the pair's PCIe level.
 - Constants and `NVMLError` come from the real pynvml (importing it does not
@@ -38,12 +43,19 @@ answers `nvmlDeviceGetGpuFabricInfoV` / `nvmlDeviceGetGpuFabricInfo` by filling
 pynvml's own structure (cluster UUID bytes, status, clique ID, state); a GPU
 without one answers NOT_SUPPORTED, as NVML does on GPUs with no fabric.
 `set_fabric(gpu, fabric)` changes the answer (the fabric manager finishing, a
-GPU moved to another partition). Drivers before the calls existed:
+GPU moved to another partition). For a daemon in another process, `fabric_file`
+(set by `with_fake_nvml` from `TOPO_TESTKIT_FABRIC_FILE`) names a JSON file read
+at every fabric call, standing in for the fabric manager: `{"GPU0": {"state":
+"completed", "clusterUuid": "...", "cliqueId": 7}, "GPU1": null}` (null: no
+fabric, NOT_SUPPORTED); a GPU it does not name keeps its own answer. A state
+other than completed reports a zero cluster UUID and clique 0, as NVML does
+before the fabric manager has registered the GPU. Drivers before the calls existed:
 `missing_functions={"nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"}`.
 
 Failure and event injection for tests: `init_error`, `lose(gpu)` /
-`restore(gpu)`, `down_links`, `remote_device_type` ("ok", "function-not-found",
-"absent"), `common_ancestor=False`, `inject_xid`, `inject_double_bit_ecc`,
+`restore(gpu)`, `down_links`, `remote_device_type` ("ok"; "function-not-found":
+the driver lacks the call; "absent": the bindings lack it; "unknown": the driver
+answers NVML_NVLINK_DEVICE_TYPE_UNKNOWN), `common_ancestor=False`, `inject_xid`, `inject_double_bit_ecc`,
 `fail_event_wait`. Every call is counted in `calls`.
 
 Older drivers: `missing_functions={...}` names NVML functions this driver's
@@ -58,6 +70,7 @@ fake does not know is refused, so a misspelt name cannot make a test vacuous.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -263,6 +276,18 @@ class _EventSet:
     freed: bool = False
 
 
+#: What driver 580 reports as the remote PCI address of a GB200 NVL72 tray's NVLinks (the switch is in another tray).
+_UNKNOWN_BUS_ID = "FFFFFFFF:FF:FF.0"
+
+
+def _remote_pci(bus_id: str) -> FakePciInfo:
+    """The remote end's PCI info; an unknown address is all ones, as NVML fills it."""
+    if bus_id == _UNKNOWN_BUS_ID:
+        return FakePciInfo(busId=bus_id, busIdLegacy="FFFF:FF:FF.0", domain=0xFFFFFFFF, bus=0xFF, device=0xFF,
+                           pciDeviceId=0xFFFFFFFF)
+    return _pci(bus_id)
+
+
 def _pci(bdf: str) -> FakePciInfo:
     k = normalize_bdf(bdf)
     domain, bus, devfn = k.split(":")
@@ -289,14 +314,17 @@ class FakeNvml:
         cpu_nvlinks: int = 0,
         down_links: Mapping[str, int] | None = None,
         remote_device_type: str = "ok",
+        switch_address: str | None = None,
         common_ancestor: bool = True,
         init_error: int | None = None,
         supported_events: int | None = None,
         register_error: Mapping[str, int] | None = None,
         missing_functions: Iterable[str] = (),
     ):
-        if remote_device_type not in ("ok", "function-not-found", "absent"):
-            raise ValueError("remote_device_type is one of ok, function-not-found, absent")
+        if remote_device_type not in ("ok", "function-not-found", "absent", "unknown"):
+            raise ValueError("remote_device_type is one of ok, function-not-found, absent, unknown")
+        if switch_address not in (None, "pci", "unknown"):
+            raise ValueError("switch_address is one of pci, unknown (or None: unknown for fabric GPUs)")
         self.topology = topology
         self.init_error = init_error
         self.common_ancestor = common_ancestor
@@ -339,8 +367,12 @@ class FakeNvml:
         self._by_uuid = {g.uuid: g for g in self.gpus}
         used_domains = {int(g.bdf.split(":")[0], 16) for g in self.gpus}
         free_domain = max(used_domains, default=0) + 1
+        #: Switch bus ids with a sysfs entry ("pci"); empty where the addresses are unknown.
         self.switch_bdfs: list[str] = []
         self.npu_bdfs: list[str] = []
+        if switch_address is None:
+            switch_address = "unknown" if any(g.fabric is not None for g in self.gpus) else "pci"
+        self.switch_address = switch_address
         self._wire_nvlinks(nvswitch, switch_count, free_domain)
         if cpu_nvlinks:
             self._wire_npu(cpu_nvlinks, free_domain + 1)
@@ -363,12 +395,16 @@ class FakeNvml:
         max_links = int(pynvml.NVML_NVLINK_MAX_LINKS)
         if use_switch:
             n = next(iter(counts))
-            self.switch_bdfs = [f"{domain:04x}:{0x10 + s:02x}:00.0" for s in range(switch_count)]
+            if self.switch_address == "pci":
+                self.switch_bdfs = [f"{domain:04x}:{0x10 + s:02x}:00.0" for s in range(switch_count)]
+                ends = self.switch_bdfs
+            else:
+                ends = [_UNKNOWN_BUS_ID]
             for g in gpus:
                 if n > max_links:
                     raise ValueError(f"NV{n} needs more than NVML_NVLINK_MAX_LINKS={max_links} links")
                 for link in range(n):
-                    g.links[link] = (self.switch_bdfs[link % switch_count], pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+                    g.links[link] = (ends[link % len(ends)], pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
                 g.hw_links = max(_HW_LINKS, n)
             return
         for a, b, n in pairs:
@@ -681,12 +717,13 @@ class FakeNvml:
         if not 0 <= link < g.hw_links:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if link not in g.links or link in g.down:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+            # An inactive link has no remote end: NOT_SUPPORTED (go-gpuallocator skips on it, as on INVALID_ARGUMENT).
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return g.links[link]
 
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Any, link: int) -> FakePciInfo:
         self._count("nvmlDeviceGetNvLinkRemotePciInfo")
-        return _pci(self._active(handle, link)[0])
+        return _remote_pci(self._active(handle, link)[0])
 
     nvmlDeviceGetNvLinkRemotePciInfo_v2 = nvmlDeviceGetNvLinkRemotePciInfo
 
@@ -694,28 +731,48 @@ class FakeNvml:
         self._count("nvmlDeviceGetNvLinkRemoteDeviceType")
         if self.remote_device_type == "function-not-found":
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        return self._active(handle, link)[1]
+        remote = self._active(handle, link)[1]
+        if self.remote_device_type == "unknown":
+            return pynvml.NVML_NVLINK_DEVICE_TYPE_UNKNOWN
+        return remote
 
     # pynvml's structures for the fabric calls (the caller allocates one and passes it by reference).
     c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
     c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
+    #: A JSON file standing in for the fabric manager (see the module docstring); None: `Device.fabric` only.
+    fabric_file: str | None = None
+
+    def _fabric_of(self, g: _FakeGpu) -> FabricInfo | None:
+        if self.fabric_file is None or not os.path.exists(self.fabric_file):
+            return g.fabric
+        with open(self.fabric_file, encoding="utf-8") as f:
+            table = json.load(f)
+        if g.device.name not in table:
+            return g.fabric
+        entry = table[g.device.name]
+        if entry is None:
+            return None
+        return FabricInfo(cluster_uuid=entry.get("clusterUuid", str(uuidlib.UUID(int=0))),
+                          clique_id=int(entry.get("cliqueId", 0)), state=entry.get("state", "completed"))
 
     def _fill_fabric(self, name: str, handle: Any, out: Any) -> int:
         self._count(name)
         g = self._h(handle)
-        if g.fabric is None:
+        fabric = self._fabric_of(g)
+        if fabric is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         info = getattr(out, "_obj", out)  # ctypes.byref(struct) -> the struct
         states = {"not-supported": pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
                   "not-started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
                   "in-progress": pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS,
                   "completed": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED}
-        raw = uuidlib.UUID(g.fabric.cluster_uuid).bytes
+        done = fabric.state == "completed"
+        raw = uuidlib.UUID(fabric.cluster_uuid).bytes if done else bytes(16)
         for i, byte in enumerate(raw):
             info.clusterUuid[i] = byte
         info.status = pynvml.NVML_SUCCESS
-        info.cliqueId = g.fabric.clique_id
-        info.state = states[g.fabric.state]
+        info.cliqueId = fabric.clique_id if done else 0
+        info.state = states[fabric.state]
         return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, out: Any) -> int:

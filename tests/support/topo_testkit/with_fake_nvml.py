@@ -7,12 +7,14 @@ whose GPUs the fake NVML reports. Why a launcher and not a product flag: the
 hardware boundary is the only thing replaced. The plugin code imports
 `pynvml` as always; this module makes that name resolve to the fake before
 the CLI runs, so start-up, discovery, health and the daemon are the shipped
-code paths.
+code paths. `TOPO_TESTKIT_FABRIC_FILE` names the fake's fabric-manager file
+(`FakeNvml.fabric_file`), so a test can change the fabric state of the running daemon.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args or args[0].startswith("-"):
         sys.exit("usage: python -m topo_testkit.with_fake_nvml NODE COMMAND [OPTIONS...]")
     fake = fake_for(args.pop(0))
+    fake.fabric_file = os.environ.get("TOPO_TESTKIT_FABRIC_FILE") or None  # the fabric manager stand-in
     from plugin.cli import cli
 
     with installed(fake):
