@@ -1,4 +1,4 @@
-"""Allocator benchmark: latency, quality above the exact range, and go-gpuallocator side by side.
+"""Allocator benchmark: latency and quality above the exact range (go-gpuallocator: gpuallocator_real_bench.py).
 
 Printed tables, not pass/fail. Everything is in-process CPython on this
 machine (no gRPC), so the numbers are the policy's own cost.
