@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 from allocator.topology import Device
 
+from ..backoff import Backoff
 from ..sources.fabric_labels import CLIQUE_LABEL, clique_of
-from ..watch.health import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class NodeLabeller:
                 except Exception as e:  # noqa: BLE001 - the API server's or the network's failure: retried
                     delay = backoff.next()
                     log.warning("cannot set the node's fabric clique label; retrying",
-                                extra={"node": self.node, "reason": f"{type(e).__name__}: {e}", "retry_s": delay,
+                                extra={"node": self.node, "reason": f"{type(e).__name__}: {e}", "retry_s": round(delay, 2),
                                        "fix": "check that the API server is reachable and the service account "
                                               "may get and patch nodes (chart: fabricLabels.node)"})
                     await asyncio.sleep(delay)
