@@ -9,6 +9,9 @@ from collections.abc import Iterator
 import pytest
 from topo_testkit import SHARED_DIR
 
+#: Seconds per top-level test directory at the end of every run (tests/README.md says how to read it).
+pytest_plugins = ["topo_testkit.durations_table"]
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = SHARED_DIR
 TOPOLOGIES = sorted((SHARED / "topologies").glob("*.txt"))
