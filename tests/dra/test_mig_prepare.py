@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -30,10 +28,9 @@ DRIVER = "topo.dev"
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="dra-mig-", dir="/tmp")
-    yield os.path.join(base, "kubelet"), os.path.join(base, "cdi")
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    # unix socket paths must stay short (tests/conftest.py)
+    return os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
 
 
 @pytest.fixture

@@ -13,11 +13,9 @@ import asyncio
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 
 import pytest
@@ -102,10 +100,8 @@ class NriRuntime:
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="dranri-", dir="/tmp")  # short: unix socket paths
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    return short_tmp  # short: unix socket paths (tests/conftest.py)
 
 
 @pytest.fixture

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 import uuid
 
 import pytest
@@ -41,10 +39,8 @@ NODE = "node-a"
 
 
 @pytest.fixture
-def dirs():
-    base = tempfile.mkdtemp(prefix="podnet-", dir="/tmp")
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+def dirs(short_tmp):
+    return short_tmp  # unix socket paths are short (tests/conftest.py)
 
 
 class Side:

@@ -22,7 +22,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 
 import pytest
 from topo_testkit import ROOT, pythonpath_env
@@ -43,10 +42,9 @@ GPU = "nvidia.com/gpu"
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="rel-", dir="/tmp")  # unix socket paths: 107 bytes at most
-    yield base, os.path.join(base, "kubelet"), os.path.join(base, "cdi")
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    # unix socket paths: 107 bytes at most (tests/conftest.py)
+    return short_tmp, os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
 
 
 @pytest.fixture

@@ -19,11 +19,9 @@ import asyncio
 import json
 import os
 import pathlib
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 
@@ -59,10 +57,9 @@ KUBELET_DEADLINE_S = 45
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="drl-", dir="/tmp")  # unix socket paths are short
-    yield os.path.join(base, "kubelet"), os.path.join(base, "cdi")
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    # unix socket paths are short (tests/conftest.py)
+    return os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
 
 
 class CountingCdi(ClaimSpecs):
