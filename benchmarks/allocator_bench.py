@@ -35,12 +35,11 @@ ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from allocator.policies import get_policy  # noqa: E402
-from allocator.request import Allocation, AllocationRequest  # noqa: E402
-from allocator.scoring import evaluate, objective_key  # noqa: E402
-from allocator.topology import DeviceGraph, Link  # noqa: E402
-from gpuallocator_reference import ReferenceTimeout, best_effort_allocate, partition_count  # noqa: E402
-
+from allocator.policies import get_policy
+from allocator.request import Allocation, AllocationRequest
+from allocator.scoring import evaluate, objective_key
+from allocator.topology import DeviceGraph, Link
+from gpuallocator_reference import ReferenceTimeout, best_effort_allocate, partition_count
 # -- topologies ----------------------------------------------------------------
 _VOLTA = {
     (0, 1): "NV1", (0, 2): "NV1", (0, 3): "NV2", (0, 4): "NV2", (1, 2): "NV2", (1, 3): "NV1",
@@ -152,7 +151,7 @@ def timed(policy: object, g: DeviceGraph, req: AllocationRequest) -> tuple[Alloc
     a = None
     for _ in range(REPEATS):
         t0 = time.perf_counter()
-        a = policy.allocate(g, req)  # type: ignore[attr-defined]
+        a = policy.allocate(g, req)
         best = min(best, (time.perf_counter() - t0) * 1e3)
     assert a is not None
     return a, best
@@ -309,7 +308,7 @@ def versus_reference(ns: Sequence[int], capped: Sequence[int], trials: int, cap_
                     if len(got) != k or None in got:
                         invalid += 1
                         continue
-                    theirs = [g.ids[i] for i in got]  # type: ignore[index]
+                    theirs = [g.ids[i] for i in got]
                     ko = objective_key("numa-first", evaluate(g, req.available, ours.ids))
                     kt = objective_key("numa-first", evaluate(g, req.available, theirs))
                     if kt > ko:

@@ -51,18 +51,17 @@ ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from allocator.pairing import Matching, PairingIndex  # noqa: E402
-from allocator.policies import get_policy  # noqa: E402
-from allocator.request import Allocation, AllocationRequest, Policy  # noqa: E402
-from allocator.topology import DeviceKind, LinkLevel, NodeTopology  # noqa: E402
-from allocator.topologymanager.device_hints import DeviceInfo  # noqa: E402
-from allocator.topologymanager.devices_to_allocate import devices_to_allocate  # noqa: E402
-from allocator.topologymanager.hint import TopologyHint  # noqa: E402
-from allocator_bench import pct, table, timed  # noqa: E402
-from plugin.allocation.pairing_groups import PairingGroups  # noqa: E402
-from plugin.model.resources import Resource, ResourceOptions, build_resources  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
-
+from allocator.pairing import Matching, PairingIndex
+from allocator.policies import get_policy
+from allocator.request import Allocation, AllocationRequest, Policy
+from allocator.topology import DeviceKind, LinkLevel, NodeTopology
+from allocator.topologymanager.device_hints import DeviceInfo
+from allocator.topologymanager.devices_to_allocate import devices_to_allocate
+from allocator.topologymanager.hint import TopologyHint
+from allocator_bench import pct, table, timed
+from plugin.allocation.pairing_groups import PairingGroups
+from plugin.model.resources import Resource, ResourceOptions, build_resources
+from plugin.sources.simulated import load_simulated
 NODES = ("dgx-h100", "dgx-a100", "dgx-2-v100")
 #: The pairing simulation also runs on the platforms of docs/platforms.md.
 SIM_NODES = (*NODES, "hgx-b200", "gb200-cx7", "gb300-cx8-dd")

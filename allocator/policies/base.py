@@ -105,8 +105,9 @@ class SearchPolicy:
         Exact like the search: every candidate is ranked by the policy's full order, ties included.
         `explored` is the number of sets scanned (0 when the answer is forced).
         """
+        order = self.subset_order
         tables = subset_tables(graph)
-        if tables is None:
+        if order is None or tables is None:  # allocate() checks the order first
             return None
         bit_of = tables.bit_of
         must = sum(map(bit_of.__getitem__, request.must_include))
@@ -122,7 +123,7 @@ class SearchPolicy:
             scanned = math.comb(len(free), picks)
             if scanned > TABLE_MAX_SETS:
                 return None
-            mask = tables.best(self.subset_order, must, free, picks)  # type: ignore[arg-type]
+            mask = tables.best(order, must, free, picks)
         left = must + sum(free) - mask
         return Allocation(
             ids=tables.members(mask),

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import combinations
+from typing import Any
 
 from ..topology import DeviceGraph
 
@@ -183,7 +184,7 @@ def _half_scores(w: Sequence[Sequence[int]], positions: list[int]) -> list[int]:
     return out
 
 
-def _union_counts(bits: list[int], lo_pos: list[int], hi_pos: list[int], code: str) -> array:
+def _union_counts(bits: list[int], lo_pos: list[int], hi_pos: list[int], code: str) -> array[int]:
     """Distinct bits among the `bits` of a mask's positions, for every mask (split in two halves)."""
     def unions(positions: list[int]) -> list[int]:
         out = [0]
@@ -201,8 +202,8 @@ def _union_counts(bits: list[int], lo_pos: list[int], hi_pos: list[int], code: s
 
 #: Tables by graph object (the look-up an RPC makes) and by graph contents (a rebuilt resource, e.g.
 #: after a health change, gets a new graph with the same devices and links: its tables are reused).
-_by_graph: dict[int, tuple[weakref.ref, SubsetTables | None]] = {}
-_by_contents: OrderedDict[tuple, SubsetTables | None] = OrderedDict()
+_by_graph: dict[int, tuple[weakref.ref[DeviceGraph], SubsetTables | None]] = {}
+_by_contents: OrderedDict[tuple[Any, ...], SubsetTables | None] = OrderedDict()
 #: Distinct topologies whose tables are kept (a node has a GPU resource and a NIC pool or two).
 _KEEP = 8
 _lock = threading.Lock()
@@ -239,7 +240,7 @@ def subset_tables(graph: DeviceGraph) -> SubsetTables | None:
 _MAX_WEIGHT = 1 << 40
 
 
-def _forget(key: int, ref: weakref.ref) -> None:
+def _forget(key: int, ref: weakref.ref[DeviceGraph]) -> None:
     with _lock:
         hit = _by_graph.get(key)
         if hit is not None and hit[0] is ref:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Any, cast
 
 from allocator import Allocation, AllocationError, AllocationRequest, Policy
 from allocator.pairing import NO_PARTNERS, Partners
@@ -159,12 +160,12 @@ def within(policy: Policy, remaining_s: float) -> Policy:
     Only policies that expose `time_budget_s`/`exact_limit` as dataclass fields (every
     `SearchPolicy`) can be cut; any other policy is returned unchanged.
     """
-    names = {f.name for f in dataclasses.fields(policy)} if dataclasses.is_dataclass(policy) else set()
+    names: set[str] = {f.name for f in dataclasses.fields(policy)} if dataclasses.is_dataclass(policy) else set()
     if not {"time_budget_s", "exact_limit"} <= names:
         return policy
     if remaining_s <= 0:
-        return dataclasses.replace(policy, time_budget_s=_NO_TIME_S, exact_limit=0)
+        return dataclasses.replace(cast(Any, policy), time_budget_s=_NO_TIME_S, exact_limit=0)
     budget = policy.time_budget_s  # type: ignore[attr-defined]
     if budget is None or budget > remaining_s:
-        return dataclasses.replace(policy, time_budget_s=remaining_s)
+        return dataclasses.replace(cast(Any, policy), time_budget_s=remaining_s)
     return policy

@@ -131,7 +131,7 @@ def preferred_callable(resource: Resource, policy_name: str) -> Callable[[list[s
 
 def numa_nodes_of(resource: Resource, ids: Iterable[str]) -> list[int]:
     by_id = resource.by_id()
-    return sorted({by_id[i].numa for i in ids if i in by_id and by_id[i].numa is not None})
+    return sorted({numa for i in ids if i in by_id and (numa := by_id[i].numa) is not None})
 
 
 # -- the "why" -----------------------------------------------------------------

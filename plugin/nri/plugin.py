@@ -143,7 +143,7 @@ class NriPlugin:
                 await self._session(reader, writer)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - whatever the runtime does, the daemon stays up
+            except Exception as exc:  # whatever the runtime does, the daemon stays up
                 me = asyncio.current_task()
                 if me is not None and me.cancelling():
                     # stop() came while the session was failing: a TaskGroup then raises the failure

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 
 def default_policy_factory(name: str, options: dict) -> Policy:
-    from allocator.policies import get_policy
+    from allocator.policies import get_policy  # noqa: PLC0415 (the allocator's policies load when the first resource is built)
 
     return get_policy(name, **options)
 
@@ -203,7 +203,7 @@ class Daemon:
         if self.options.metrics_address:
             # Imported here, at start-up and only when configured: the HTTP server and h11 cost memory
             # a daemon without the endpoint does not need (docs/deployment.md, "Memory").
-            from ..observability.health_endpoint import HealthServer
+            from ..observability.health_endpoint import HealthServer  # noqa: PLC0415 (see above)
 
             self.health_server = HealthServer(self.options.metrics_address, self.metrics, self.ready)
             await self.health_server.start()
@@ -350,8 +350,11 @@ class Daemon:
 
     async def _reload_config(self) -> None:
         """Apply a changed config file: pools and policies change live; streams of unchanged resources stay."""
+        reload = self.reload_resources
+        if reload is None:  # callers check first (SIGHUP, the config file watcher): nothing to reload
+            return
         try:
-            options = await asyncio.to_thread(self.reload_resources)
+            options = await asyncio.to_thread(reload)
         except InputError as e:  # ConfigError, NicPoolError, OptionError: name the file, field and fix
             log.warning("config change ignored; keeping the running configuration",
                         extra={"config": self.options.config_path, "reason": str(e)})

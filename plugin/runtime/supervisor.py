@@ -136,7 +136,7 @@ class Supervisor:
         """Serve one resource; a failure is logged and retried later for this resource alone."""
         try:
             await s.start()
-        except Exception as e:  # OSError, or RuntimeError from gRPC's bind
+        except Exception as e:  # noqa: BLE001 (OSError, or RuntimeError from gRPC's bind)
             delay = self._retry(s.name).failed(asyncio.get_running_loop().time())
             log.warning("cannot serve resource; will retry", extra={
                 "resource": s.name, "socket": s.socket_path, "reason": f"{type(e).__name__}: {e}",
@@ -166,7 +166,7 @@ class Supervisor:
         try:
             await register(self.kubelet_socket, os.path.basename(s.socket_path), s.name,
                            slow_after=self.options.register_timeout_s)
-        except Exception as e:  # RegistrationError: the kubelet's reason; anything else is ours, still retried
+        except Exception as e:  # noqa: BLE001 (RegistrationError: the kubelet's reason; anything else is ours, still retried)
             self.metrics.registration_failures.labels(s.name).inc()
             now_kubelet = socket_identity(self.kubelet_socket)
             if now_kubelet is not None and now_kubelet != kubelet:

@@ -169,7 +169,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._metrics.rpc("GetDevicePluginOptions", self._resource.name)
         return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-    async def ListAndWatch(self, request, context) -> AsyncIterator[api_pb2.ListAndWatchResponse]:  # noqa: N802
+    def _changed_since(self, seen: int) -> bool:
+        """Whether ListAndWatch has something to send: closing, or devices newer than version `seen`."""
+        return self._closing or self._version != seen
+
+    async def ListAndWatch(self, request, context) -> AsyncIterator[api_pb2.ListAndWatchResponse]:  # noqa: N802 (gRPC names)
         self._metrics.rpc("ListAndWatch", self._resource.name)
         self.active_streams += 1
         log.info("ListAndWatch stream opened", extra={"resource": self._resource.name,
@@ -178,7 +182,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             seen = -1
             while True:
                 async with self._changed:
-                    await self._changed.wait_for(lambda seen=seen: self._closing or self._version != seen)
+                    await self._changed.wait_for(functools.partial(self._changed_since, seen))
                     if self._closing:
                         if self._send_empty_on_close:
                             yield api_pb2.ListAndWatchResponse()
@@ -192,7 +196,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                                                           "streams": self.active_streams})
 
     @_refusing(api_pb2.PreferredAllocationResponse)
-    async def GetPreferredAllocation(self, request, context):  # noqa: N802
+    async def GetPreferredAllocation(self, request, context):  # noqa: N802 (gRPC names)
         resource, policy = self._resource, self._policy
         self._metrics.rpc("GetPreferredAllocation", resource.name)
         started = time.perf_counter()
@@ -244,7 +248,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return resp
 
     @_refusing(api_pb2.AllocateResponse)
-    async def Allocate(self, request, context):  # noqa: N802
+    async def Allocate(self, request, context):  # noqa: N802 (gRPC names)
         resource = self._resource
         self._metrics.rpc("Allocate", resource.name)
         table = resource.by_id()
@@ -294,7 +298,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return resp
 
     @_refusing(api_pb2.PreStartContainerResponse)
-    async def PreStartContainer(self, request, context):  # noqa: N802
+    async def PreStartContainer(self, request, context):  # noqa: N802 (gRPC names)
         self._metrics.rpc("PreStartContainer", self._resource.name)
         table = self._resource.by_id()
         if len(request.devices_ids) > len(table):

@@ -63,7 +63,7 @@ def run_sequence(score: Callable[[int, int], int], n: int, sizes: list[int]) -> 
     ],
     ids=["volta-1", "volta-2", "volta-4", "pascal-2", "pascal-4", "rtx-1", "rtx-2"],
 )
-def test_upstream_allocator_sequences(score, n, sizes, expected) -> None:  # type: ignore[no-untyped-def]
+def test_upstream_allocator_sequences(score, n, sizes, expected) -> None:
     assert run_sequence(score, n, sizes) == expected
 
 

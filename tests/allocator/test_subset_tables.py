@@ -130,7 +130,7 @@ def test_tables_are_built_once_per_topology_and_not_above_the_device_limit():
 
 def test_resources_come_with_their_tables_so_no_request_builds_them(monkeypatch):
     built: list[DeviceGraph] = []
-    real = SubsetTables.build.__func__  # type: ignore[attr-defined]
+    real = SubsetTables.build.__func__
     monkeypatch.setattr(SubsetTables, "build", classmethod(lambda cls, g: built.append(g) or real(cls, g)))
     # UUIDs: a topology no other test built tables for.
     resources = build_resources(load_simulated("dgx-2-v100"), ResourceOptions(device_id_strategy="uuid"))

@@ -44,7 +44,7 @@ def backend(request, roots, topology):
     if request.param == "nvml":
         fake = FakeNvml(topology)  # not initialised: discovery shuts its NVML down, the backend takes its own
         b = NvmlMigBackend(fake)
-        b.fake = fake  # type: ignore[attr-defined]
+        b.fake = fake
         return (lambda _dir: b), b
     b = SimulatedMigBackend(default_state_path(os.path.join(roots[0], "plugins", DRIVER)))
     return (lambda plugin_dir: SimulatedMigBackend(default_state_path(plugin_dir))), b

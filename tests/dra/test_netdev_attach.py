@@ -26,7 +26,7 @@ from plugin.dra.network_config import API_VERSION, KIND
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
 
-from netattach_testlib import link, net, node_with_netdevs  # noqa: E402,F401  (net: the fixture)
+from netattach_testlib import link, net, node_with_netdevs  # noqa: F401 (net: the fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tests" / "support" / "nri_runtime" / "build.sh"

@@ -29,8 +29,8 @@ from plugin.nri import PodSandbox as Sandbox
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
 
-from claim_validation import api_server_accepts  # noqa: E402
-from netattach_testlib import ip_json, link, net, node_with_netdevs  # noqa: E402,F401  (net: the fixture)
+from claim_validation import api_server_accepts
+from netattach_testlib import ip_json, link, net, node_with_netdevs  # noqa: F401 (net: the fixture)
 
 DRIVER = "topo.dev"
 NODE = "node-a"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 
-import pytest
 from topo_testkit.pod_resources_standin import PodResourcesStandin
 
 from topo_testkit.device_manager import StandinDeviceManager, pod

@@ -28,12 +28,10 @@ from topo_testkit import ROOT, pythonpath_env
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "dra"))
 
-from apiserver_standin import ApiServerStandIn, write_kubeconfig  # noqa: E402
-from kubelet_standin import register, registration_sockets  # noqa: E402
-
-from plugin.dra import DraDriver, DraOptions, SliceOptions  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
-
+from apiserver_standin import ApiServerStandIn, write_kubeconfig
+from kubelet_standin import register, registration_sockets
+from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.sources.simulated import load_simulated
 pytestmark = pytest.mark.timeout(300)
 
 NODE = "node-a"
