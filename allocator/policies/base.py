@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..request import Allocation, AllocationRequest
@@ -25,6 +25,8 @@ from .subsets import TABLE_MAX_SETS, subset_tables
 DEFAULT_TIME_BUDGET_S = 0.020
 #: Up to this many available devices the answer is always the proven optimum.
 DEFAULT_EXACT_LIMIT = 16
+#: The budget of a search that starts with no time left (`within(0)`): the greedy answer and nothing more.
+NO_TIME_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,15 @@ class SearchPolicy:
             raise ValueError(f"time_budget_s must be positive or None, got {self.time_budget_s!r}")
         if self.exact_limit < 0:
             raise ValueError(f"exact_limit must be >= 0, got {self.exact_limit!r}")
+
+    def within(self, remaining_s: float) -> SearchPolicy:
+        """This policy with its budget cut to `remaining_s`: unchanged when its own is smaller; with no time
+        left, no exact range either (`exact_limit` 0), so even a small request gets the greedy answer."""
+        if remaining_s <= 0:
+            return replace(self, time_budget_s=NO_TIME_S, exact_limit=0)
+        if self.time_budget_s is None or self.time_budget_s > remaining_s:
+            return replace(self, time_budget_s=remaining_s)
+        return self
 
     def objective(self, problem: Problem) -> Objective:
         raise NotImplementedError

@@ -43,10 +43,8 @@ a request from freezing or bloating the daemon live here, next to each other.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from typing import Any, cast
 
 from allocator import Allocation, AllocationError, AllocationRequest, Policy
 from allocator.pairing import NO_PARTNERS, Partners
@@ -56,8 +54,6 @@ from allocator.topology import DeviceGraph
 from ..api import api_pb2
 
 DEFAULT_DEADLINE_S = 1.0
-#: The budget of a search that starts after the deadline: the greedy answer and nothing more.
-_NO_TIME_S = 1e-6
 #: Largest resource (devices) whose requests may be answered on the event loop: validation and
 #: the search's set-up are linear in the resource's devices, so a large one goes to the pool whatever it asks.
 LOOP_MAX_DEVICES = 64
@@ -150,22 +146,5 @@ def validate_and_search_first(policy: Policy, graph: DeviceGraph, request: api_p
 def search(policy: Policy, graph: DeviceGraph, request: AllocationRequest, deadline: float | None) -> Allocation:
     """One search (runs on a worker thread); `deadline` (time.monotonic) caps its budget when given."""
     if deadline is not None:
-        policy = within(policy, deadline - time.monotonic())
+        policy = policy.within(deadline - time.monotonic())  # the policy declares its budget (Policy)
     return policy.allocate(graph, request)
-
-
-def within(policy: Policy, remaining_s: float) -> Policy:
-    """`policy` with its time budget cut to `remaining_s` (greedy only when no time is left).
-
-    Only policies that expose `time_budget_s`/`exact_limit` as dataclass fields (every
-    `SearchPolicy`) can be cut; any other policy is returned unchanged.
-    """
-    names: set[str] = {f.name for f in dataclasses.fields(policy)} if dataclasses.is_dataclass(policy) else set()
-    if not {"time_budget_s", "exact_limit"} <= names:
-        return policy
-    if remaining_s <= 0:
-        return dataclasses.replace(cast(Any, policy), time_budget_s=_NO_TIME_S, exact_limit=0)
-    budget = policy.time_budget_s  # type: ignore[attr-defined]
-    if budget is None or budget > remaining_s:
-        return dataclasses.replace(cast(Any, policy), time_budget_s=remaining_s)
-    return policy
