@@ -1,7 +1,9 @@
 """How one GetPreferredAllocation RPC is answered: bounded, off the event loop, under a deadline.
 
 Why a module of its own: the server only moves messages; the rules that keep
-a request from freezing or bloating the daemon live here, next to each other.
+a request from freezing or bloating the daemon live here, next to each other,
+and so does their order (`answer`: shape, partners, the loop or the pool, the
+deadline).
 
 - Absurd requests are refused before any work proportional to their size:
   more container requests than the resource has devices (the kubelet sends
@@ -45,6 +47,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from allocator import Allocation, AllocationError, AllocationRequest, Policy
 from allocator.pairing import NO_PARTNERS, Partners
@@ -52,6 +56,7 @@ from allocator.request import check_list_sizes
 from allocator.topology import DeviceGraph
 
 from ..api import api_pb2
+from .search_pool import SearchPool
 
 DEFAULT_DEADLINE_S = 1.0
 #: Largest resource (devices) whose requests may be answered on the event loop: validation and
@@ -148,3 +153,44 @@ def search(policy: Policy, graph: DeviceGraph, request: AllocationRequest, deadl
     if deadline is not None:
         policy = policy.within(deadline - time.monotonic())  # the policy declares its budget (Policy)
     return policy.allocate(graph, request)
+
+
+@dataclass
+class Answer:
+    """The allocations of one GetPreferredAllocation, one per container request, and how they were found."""
+
+    results: list[Allocation]
+    #: Seconds each result took (on the loop: the call's time shared out evenly).
+    seconds: list[float]
+    #: "loop" (answered on the event loop, `on_loop`) or "pool" (on the search pool's threads).
+    where: str
+
+
+async def answer(policy: Policy, graph: DeviceGraph, request: api_pb2.PreferredAllocationRequest, devices: int,
+                 partners: Callable[[], Awaitable[Partners]], pool: SearchPool, deadline_s: float,
+                 client_left_s: Callable[[], float | None]) -> Answer:
+    """One GetPreferredAllocation, in order: the shape checks, the call's partners (asked for at arrival:
+    the call may end the current group, docs/pairing.md), then every container request on the loop when
+    provably cheap, else on `pool` under the whole-request deadline (`deadline_s`, or what the client's
+    own deadline leaves when that is shorter: `client_left_s()`, read once the partners are known).
+    Raises AllocationError for a bad request."""
+    started = time.perf_counter()
+    check_shape(request, devices)
+    found = await partners()
+    if on_loop(request, devices):
+        results = answer_here(policy, graph, request, found)
+        share = (time.perf_counter() - started) / len(results)
+        return Answer(results, [share] * len(results), "loop")
+    # The deadline counts from arrival: time spent waiting for a worker is part of it.
+    client_left = client_left_s()
+    budget = deadline_s if client_left is None else min(deadline_s, client_left)
+    deadline = time.monotonic() + budget
+    requests, first = await pool.run(validate_and_search_first, policy, graph, request, found)
+    results = [first]
+    seconds = [time.perf_counter() - started]
+    for req in requests[1:]:
+        started = time.perf_counter()
+        # Later container requests share what is left of the whole-request deadline (module doc).
+        results.append(await pool.run(search, policy, graph, req, deadline))
+        seconds.append(time.perf_counter() - started)
+    return Answer(results, seconds, "pool")
