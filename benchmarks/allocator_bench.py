@@ -40,6 +40,7 @@ from allocator.request import Allocation, AllocationRequest
 from allocator.scoring import evaluate, objective_key
 from allocator.topology import DeviceGraph, Link
 from gpuallocator_reference import ReferenceTimeout, best_effort_allocate, partition_count
+
 # -- topologies ----------------------------------------------------------------
 _VOLTA = {
     (0, 1): "NV1", (0, 2): "NV1", (0, 3): "NV2", (0, 4): "NV2", (1, 2): "NV2", (1, 3): "NV1",

@@ -47,8 +47,10 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))  # topo_testkit: test suppor
 
 import yaml
 from daemon_testlib import hard_node_yaml
+
 from plugin.api import api_pb2, api_pb2_grpc
 from topo_testkit.kubelet_standin import KubeletStandin
+
 GPU = "nvidia.com/gpu"
 
 

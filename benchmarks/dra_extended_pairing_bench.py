@@ -50,6 +50,7 @@ from allocator_bench import table
 from pairing_bench import close_pairs, is_close
 from plugin.dra.slices import SliceOptions, build_resource_slices, device_name
 from plugin.sources.simulated import load_simulated
+
 NODES = ("dgx-h100", "dgx-a100", "hgx-b200", "gb200-cx7", "gb300-cx8-dd", "pcie-2socket-4gpu-2nic")
 
 

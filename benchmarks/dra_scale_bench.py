@@ -56,9 +56,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "e2e" / "cluster")]
 
 import aiohttp
 from pki import PKI
+
 from allocator.topology import DeviceKind, NodeTopology
 from plugin.dra.slices import ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, SliceOptions, build_resource_slices
 from plugin.sources.simulated import load_simulated
+
 DRIVER = "topo.dev"
 SHAPES = ("gpu1", "gpu-all", "gpu4", "gpu4-nvlink", "pairs", "pairs-switch", "pairs-root")
 SHAPE_TEXT = {

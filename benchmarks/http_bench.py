@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))  # topo_testkit: test suppor
 from topo_testkit.kubelet_standin import KubeletStandin
 from topo_testkit.idle_clients import closed_by_peer, open_half_requests
 from topo_testkit.procfs import footprint
+
 GPU = "nvidia.com/gpu"
 PATHS = ("/healthz", "/readyz", "/metrics")
 

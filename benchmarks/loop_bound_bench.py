@@ -33,12 +33,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "daemon"))
 
 from daemon_testlib import hard_node_yaml
+
 from allocator.pairing import PairingIndex
 from allocator.policies import get_policy
 from allocator.request import AllocationRequest
 from plugin.allocation.preferred import LOOP_MAX_SETS, candidate_sets
 from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
+
+
 def fastest(policy, graph, request: AllocationRequest, tries: int = 3) -> float:
     best = float("inf")
     for _ in range(tries):

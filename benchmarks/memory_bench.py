@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from plugin.demo.kubelet_standin import KubeletStandin
 from topo_testkit import pythonpath_env
+
 GPU = "nvidia.com/gpu"
 #: Modules a device-plugin daemon should not import unless its mode needs them.
 OPTIONAL = ("jsonschema", "h11", "lightkube")

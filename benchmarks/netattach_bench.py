@@ -33,6 +33,8 @@ ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
 from plugin.netattach import InterfaceSpec, NetAttacher, RouteSpec, attach, detach
+
+
 def sh(*args: str) -> None:
     subprocess.run(args, check=True, capture_output=True)
 

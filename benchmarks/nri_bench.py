@@ -29,10 +29,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from topo_testkit.nri_runtime import Runtime, build
+
 from plugin.nri import NriPlugin, PodSandbox
 from plugin.nri import ttrpc
 from plugin.nri.mux import FrameReader, encode_frames
 from plugin.watch.health import Backoff
+
+
 class Quick:
     async def synchronize(self, pods: list[PodSandbox]) -> None: ...
     async def run_pod_sandbox(self, pod: PodSandbox) -> None: ...

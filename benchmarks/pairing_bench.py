@@ -62,6 +62,7 @@ from allocator_bench import pct, table, timed
 from plugin.allocation.pairing_groups import PairingGroups
 from plugin.model.resources import Resource, ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
+
 NODES = ("dgx-h100", "dgx-a100", "dgx-2-v100")
 #: The pairing simulation also runs on the platforms of docs/platforms.md.
 SIM_NODES = (*NODES, "hgx-b200", "gb200-cx7", "gb300-cx8-dd")

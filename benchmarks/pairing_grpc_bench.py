@@ -57,6 +57,7 @@ from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
 from topo_testkit import pythonpath_env
 from topo_testkit.pairing_oracle import LoggedCall, oracle_for, spec_partners
+
 NODES = ("dgx-h100", "dgx-a100", "dgx-2-v100")
 
 

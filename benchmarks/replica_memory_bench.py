@@ -25,7 +25,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from topo_testkit import pythonpath_env
+
 from topo_testkit.kubelet_standin import KubeletStandin
+
 GPU = "nvidia.com/gpu"
 GPUS = 8
 CONFIG = """\

@@ -55,6 +55,8 @@ from plugin.api import api_pb2, api_pb2_grpc
 from topo_testkit.kubelet_standin import KubeletStandin
 from plugin.sources.simulated import load_simulated
 from sharing_testlib import by_counts, mig_key, replica_key
+
+
 def builtin_gpus(name: str) -> DeviceGraph:
     top = load_simulated(name)
     return DeviceGraph.from_topology(top, top.gpus)

@@ -33,8 +33,10 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from daemon_testlib import GPU, allocate_request, preferred_request
 from topo_testkit.procfs import footprint
+
 from plugin.api import api_pb2, api_pb2_grpc
 from topo_testkit.kubelet_standin import KubeletStandin
+
 BATCHES = 10
 CLIENTS = 8
 

@@ -27,10 +27,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "allocator"))
 
 from alloc_testlib import random_graph, request
+
 from allocator.policies import get_policy
 from allocator.policies.subsets import TABLE_MAX_SETS, SubsetTables
 from plugin.model.resources import ResourceOptions, build_resources
 from plugin.sources.simulated import load_simulated
+
+
 def searching(name: str):
     cls = type(get_policy(name))
     return dataclass(frozen=True)(type("Searching", (cls,), {"subset_order": None}))()

@@ -49,6 +49,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import dockerignore
+
 REPOSITORY = "localhost/topo-device-plugin"
 BASE_REPOSITORY = "localhost/topo-device-plugin-base"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"

@@ -25,6 +25,8 @@ from topo_testkit.nvidia_configs import TIME_SLICING
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "allocator"))
 from sharing_testlib import by_counts, chosen_key, mig_key, replica_key
+
+
 CASES = [
     # (node, extra daemon args, config replicas or None, resource, oracle key)
     ("dgx-a100", [], 10, "nvidia.com/gpu", replica_key),

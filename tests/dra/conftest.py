@@ -13,6 +13,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from apiserver_standin import ApiServerStandIn, write_kubeconfig
 from claim_validation import build_validator
+
 NODE = "node-a"
 
 

@@ -104,6 +104,7 @@ def pyproject_field(name: str) -> str:
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import dockerignore
+
 excluded = dockerignore.excluded
 
 

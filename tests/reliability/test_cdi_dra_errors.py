@@ -30,8 +30,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "dra"))
 
 from apiserver_standin import ApiServerStandIn, write_kubeconfig
 from kubelet_standin import register, registration_sockets
+
 from plugin.dra import DraDriver, DraOptions, SliceOptions
 from plugin.sources.simulated import load_simulated
+
 pytestmark = pytest.mark.timeout(300)
 
 NODE = "node-a"

@@ -34,6 +34,7 @@ if str(ROOT / "tests" / "dra") not in sys.path:
 
 from apiserver_standin import ApiServerStandIn, write_kubeconfig
 from kubelet_standin import register, registration_sockets
+
 from plugin.api.dra.v1 import api_pb2 as dra_pb2
 from plugin.api.dra.v1 import api_pb2_grpc as dra_grpc
 from plugin.dra import DraDriver, DraOptions, SliceOptions
@@ -41,6 +42,7 @@ from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.kubeapi import kubeconfig_api
 from plugin.dra.prepare import PrepareLimits
 from plugin.sources.simulated import load_simulated
+
 pytestmark = pytest.mark.timeout(300)
 
 NODE = "node-a"
