@@ -35,7 +35,7 @@ ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from allocator.policies import get_policy
+from allocator.policies import SubsetTableCache, get_policy
 from allocator.request import Allocation, AllocationRequest
 from allocator.scoring import evaluate, objective_key
 from allocator.topology import DeviceGraph, Link
@@ -47,6 +47,10 @@ _VOLTA = {
     (1, 5): "NV2", (2, 3): "NV2", (2, 6): "NV1", (3, 7): "NV1", (4, 5): "NV1", (4, 6): "NV1",
     (4, 7): "NV2", (5, 6): "NV2", (5, 7): "NV1", (6, 7): "NV2",
 }
+
+
+#: One cache of subset tables for every policy here, as the daemon has (allocator.policies.subsets).
+TABLES = SubsetTableCache()
 
 
 def _graph(n: int, weight: Callable[[int, int], int], numa: Sequence[int | None]) -> DeviceGraph:
@@ -183,7 +187,7 @@ class Cell:
 
 
 def latency(ns: Sequence[int], trials: int, seed: int) -> None:
-    policy = get_policy("numa-first")
+    policy = get_policy("numa-first", tables=TABLES)
     print(f"\n## 1. numa-first latency, ms p50/p99 ({trials} random requests per cell; "
           f"exact up to 16, 20 ms budget above)\n")
     rows = []
@@ -217,7 +221,7 @@ def policy_summary(ns: Sequence[int], trials: int, seed: int) -> None:
           "topology and k)\n")
     rows = []
     for name in ("numa-first", "link-first", "spread", "packed"):
-        policy = get_policy(name)
+        policy = get_policy(name, tables=TABLES)
         row: list[object] = [name]
         for n in ns:
             times: list[float] = []
@@ -238,8 +242,8 @@ def quality(ns: Sequence[int], trials: int, long_budget: float, seed: int) -> No
           f"({trials} requests per topology and k; numa-first and link-first)\n")
     rows = []
     for name in ("numa-first", "link-first"):
-        short = get_policy(name)
-        long = get_policy(name, time_budget_s=long_budget)
+        short = get_policy(name, tables=TABLES)
+        long = get_policy(name, time_budget_s=long_budget, tables=TABLES)
         for n in ns:
             cases = proven = improved = long_proven = 0
             gaps: list[float] = []
@@ -277,7 +281,7 @@ def versus_reference(ns: Sequence[int], capped: Sequence[int], trials: int, cap_
           f"   pair score = our spec weights; the reference is timed once per request (ours: fastest of "
           f"{REPEATS});\n   ref capped at {cap_s:.1f} s per call for n in {list(capped)} (one request per "
           f"topology and k there)\n")
-    policy = get_policy("numa-first")
+    policy = get_policy("numa-first", tables=TABLES)
     rows = []
     for n in [*ns, *capped]:
         ref_ms: list[float] = []

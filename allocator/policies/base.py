@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from ..request import Allocation, AllocationRequest
@@ -19,7 +19,7 @@ from ..topology import DeviceGraph
 from .paired import PairedObjective, PairedProblem, solve_paired
 from .problem import Objective, Problem
 from .search import solve
-from .subsets import TABLE_MAX_SETS, subset_tables
+from .subsets import TABLE_MAX_SETS, SubsetTableCache
 
 #: Default search budget above the exact range (the spec's 20 ms).
 DEFAULT_TIME_BUDGET_S = 0.020
@@ -36,10 +36,13 @@ class SearchPolicy:
     - `time_budget_s`: wall-clock budget of one request when more than
       `exact_limit` devices are available; None means no limit (always exact).
     - `exact_limit`: up to this many available devices no budget applies.
+    - `tables`: where the subset tables of small resources are kept (`subsets`): the cache of whoever
+      owns the topology (the daemon's, which its resource build fills ahead); by default the policy's own.
     """
 
     time_budget_s: float | None = DEFAULT_TIME_BUDGET_S
     exact_limit: int = DEFAULT_EXACT_LIMIT
+    tables: SubsetTableCache = field(default_factory=SubsetTableCache, compare=False, repr=False)
 
     #: Set by each subclass (a plain class attribute, so `Policy.name` reads it).
     name = "base"
@@ -117,7 +120,7 @@ class SearchPolicy:
         `explored` is the number of sets scanned (0 when the answer is forced).
         """
         order = self.subset_order
-        tables = subset_tables(graph)
+        tables = self.tables.tables(graph)
         if order is None or tables is None:  # allocate() checks the order first
             return None
         bit_of = tables.bit_of

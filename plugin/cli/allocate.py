@@ -82,7 +82,7 @@ def check_ids(resource: Resource, ids: Iterable[str], what: str) -> list[str]:
 def run_policy(resource: Resource, policy_name: str, available: Sequence[str], must_include: Sequence[str],
                size: int, partners: Partners = NO_PARTNERS) -> Allocation:
     """One GetPreferredAllocation as the daemon answers it (raises AllocationError on a bad request)."""
-    options = dict(resource.policy_options)
+    options: dict[str, Any] = dict(resource.policy_options)
     policy = get_policy(policy_name, **options)
     return policy.allocate(resource.graph, AllocationRequest.of(available, must_include, size, partners))
 
