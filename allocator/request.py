@@ -138,8 +138,22 @@ class Allocation:
 
 
 class Policy(Protocol):
-    """A preferred-allocation policy: pure, deterministic, no I/O."""
+    """A preferred-allocation policy: pure, deterministic, no I/O.
+
+    It declares its time budget, and makes a copy of itself with a smaller one: the daemon answers
+    each GetPreferredAllocation under a whole-request deadline (plugin/allocation/preferred.py) and
+    gives the search only what is left of it.
+    """
 
     name: str
+
+    @property
+    def time_budget_s(self) -> float | None:
+        """Wall-clock budget of one request's search (None: no limit, always the proven optimum)."""
+        ...
+
+    def within(self, remaining_s: float) -> Policy:
+        """This policy with its budget cut to `remaining_s` (at most); none left: the greedy answer only."""
+        ...
 
     def allocate(self, graph: DeviceGraph, request: AllocationRequest) -> Allocation: ...

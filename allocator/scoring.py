@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .pairing import NO_PARTNERS, Partners, pairing_weight
 from .topology import DeviceGraph
@@ -190,7 +191,7 @@ def paired_objective_key(policy: str, ev: Evaluation) -> tuple[int, ...]:
 
 
 def rank(graph: DeviceGraph, policy: str, available: Iterable[str], chosen: Iterable[str],
-         partners: Partners = NO_PARTNERS) -> tuple:
+         partners: Partners = NO_PARTNERS) -> tuple[Any, ...]:
     """Full preference key of a set (smaller is better), including the fixed tie rule.
 
     The tie rule is the lexicographically smallest tuple of positions in

@@ -74,7 +74,7 @@ class _InheritedRow(Sequence[int]):
     def __getitem__(self, j: int) -> int: ...
     @overload
     def __getitem__(self, j: slice) -> tuple[int, ...]: ...
-    def __getitem__(self, j):
+    def __getitem__(self, j: int | slice) -> int | tuple[int, ...]:
         if isinstance(j, slice):
             return tuple(self[k] for k in range(*j.indices(len(self))))
         q = self._parents[j]
@@ -114,7 +114,7 @@ class InheritedWeights(Sequence[Sequence[int]]):
     def __getitem__(self, i: int) -> Sequence[int]: ...
     @overload
     def __getitem__(self, i: slice) -> tuple[Sequence[int], ...]: ...
-    def __getitem__(self, i):
+    def __getitem__(self, i: int | slice) -> Sequence[int] | tuple[Sequence[int], ...]:
         if isinstance(i, slice):
             return tuple(self[k] for k in range(*i.indices(len(self))))
         p = self.parents[i]

@@ -205,7 +205,7 @@ class NodeTopology:
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"duplicate device names: {', '.join(dup)}")
         known = set(names)
-        items = links.items() if isinstance(links, Mapping) else (((a, b), l) for a, b, l in links)
+        items = links.items() if isinstance(links, Mapping) else (((a, b), link) for a, b, link in links)
         norm: dict[tuple[str, str], Link] = {}
         for (a, b), link in items:
             if a == b:

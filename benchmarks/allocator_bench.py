@@ -34,10 +34,10 @@ ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from allocator.policies import get_policy  # noqa: E402
-from allocator.request import Allocation, AllocationRequest  # noqa: E402
-from allocator.scoring import evaluate, objective_key  # noqa: E402
-from allocator.topology import DeviceGraph, Link  # noqa: E402
+from allocator.policies import SubsetTableCache, get_policy
+from allocator.request import Allocation, AllocationRequest
+from allocator.scoring import evaluate, objective_key
+from allocator.topology import DeviceGraph, Link
 
 # -- topologies ----------------------------------------------------------------
 _VOLTA = {
@@ -45,6 +45,10 @@ _VOLTA = {
     (1, 5): "NV2", (2, 3): "NV2", (2, 6): "NV1", (3, 7): "NV1", (4, 5): "NV1", (4, 6): "NV1",
     (4, 7): "NV2", (5, 6): "NV2", (5, 7): "NV1", (6, 7): "NV2",
 }
+
+
+#: One cache of subset tables for every policy here, as the daemon has (allocator.policies.subsets).
+TABLES = SubsetTableCache()
 
 
 def _graph(n: int, weight: Callable[[int, int], int], numa: Sequence[int | None]) -> DeviceGraph:
@@ -150,7 +154,7 @@ def timed(policy: object, g: DeviceGraph, req: AllocationRequest) -> tuple[Alloc
     a = None
     for _ in range(REPEATS):
         t0 = time.perf_counter()
-        a = policy.allocate(g, req)  # type: ignore[attr-defined]
+        a = policy.allocate(g, req)
         best = min(best, (time.perf_counter() - t0) * 1e3)
     assert a is not None
     return a, best
@@ -181,7 +185,7 @@ class Cell:
 
 
 def latency(ns: Sequence[int], trials: int, seed: int) -> None:
-    policy = get_policy("numa-first")
+    policy = get_policy("numa-first", tables=TABLES)
     print(f"\n## 1. numa-first latency, ms p50/p99 ({trials} random requests per cell; "
           f"exact up to 16, 20 ms budget above)\n")
     rows = []
@@ -215,7 +219,7 @@ def policy_summary(ns: Sequence[int], trials: int, seed: int) -> None:
           "topology and k)\n")
     rows = []
     for name in ("numa-first", "link-first", "spread", "packed"):
-        policy = get_policy(name)
+        policy = get_policy(name, tables=TABLES)
         row: list[object] = [name]
         for n in ns:
             times: list[float] = []
@@ -236,8 +240,8 @@ def quality(ns: Sequence[int], trials: int, long_budget: float, seed: int) -> No
           f"({trials} requests per topology and k; numa-first and link-first)\n")
     rows = []
     for name in ("numa-first", "link-first"):
-        short = get_policy(name)
-        long = get_policy(name, time_budget_s=long_budget)
+        short = get_policy(name, tables=TABLES)
+        long = get_policy(name, time_budget_s=long_budget, tables=TABLES)
         for n in ns:
             cases = proven = improved = long_proven = 0
             gaps: list[float] = []

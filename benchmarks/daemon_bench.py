@@ -45,11 +45,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "daemon"))
 sys.path.insert(0, str(ROOT / "tests" / "support"))  # topo_testkit: test support, not in the wheel
 
-import yaml  # noqa: E402
-from daemon_testlib import hard_node_yaml  # noqa: E402
+import yaml
+from daemon_testlib import hard_node_yaml
 
-from plugin.api import api_pb2, api_pb2_grpc  # noqa: E402
-from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
+from plugin.api import api_pb2, api_pb2_grpc
+from topo_testkit.kubelet_standin import KubeletStandin
 
 GPU = "nvidia.com/gpu"
 

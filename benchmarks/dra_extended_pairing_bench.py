@@ -45,11 +45,11 @@ for p in (HERE, HERE.parent):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from allocator.topology import DeviceKind, NodeTopology  # noqa: E402
-from allocator_bench import table  # noqa: E402
-from pairing_bench import close_pairs, is_close  # noqa: E402
-from plugin.dra.slices import SliceOptions, build_resource_slices, device_name  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
+from allocator.topology import DeviceKind, NodeTopology
+from allocator_bench import table
+from pairing_bench import close_pairs, is_close
+from plugin.dra.slices import SliceOptions, build_resource_slices, device_name
+from plugin.sources.simulated import load_simulated
 
 NODES = ("dgx-h100", "dgx-a100", "hgx-b200", "gb200-cx7", "gb300-cx8-dd", "pcie-2socket-4gpu-2nic")
 

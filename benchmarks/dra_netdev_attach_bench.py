@@ -32,13 +32,13 @@ import uuid
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support"), str(ROOT / "tests" / "dra")]
 
-from apiserver_standin import ApiServerStandIn, write_kubeconfig  # noqa: E402
-from kubelet_standin import register, registration_sockets  # noqa: E402
+from apiserver_standin import ApiServerStandIn, write_kubeconfig
+from kubelet_standin import register, registration_sockets
 
-from plugin.dra import DraDriver, DraOptions, SliceOptions  # noqa: E402
-from plugin.dra.kubeapi import kubeconfig_api  # noqa: E402
-from plugin.dra.network_config import API_VERSION, KIND  # noqa: E402
-from plugin.sources.simulated import load_node_yaml  # noqa: E402
+from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra.kubeapi import kubeconfig_api
+from plugin.dra.network_config import API_VERSION, KIND
+from plugin.sources.simulated import load_node_yaml
 
 DRIVER, NODE = "topo.dev", "node-a"
 

@@ -57,13 +57,13 @@ OPTS = ARGS.parse_args()
 CODE = os.path.abspath(OPTS.code)
 sys.path[:0] = [CODE, str(ROOT / "tests" / "support"), str(ROOT / "tests" / "dra")]
 
-import grpc  # noqa: E402
-from apiserver_standin import ApiServerStandIn, write_kubeconfig  # noqa: E402
-from kubelet_standin import register, registration_sockets  # noqa: E402
+import grpc
+from apiserver_standin import ApiServerStandIn, write_kubeconfig
+from kubelet_standin import register, registration_sockets
 
-from plugin.api.dra.v1 import api_pb2 as dra_pb2  # noqa: E402
-from plugin.api.dra.v1 import api_pb2_grpc as dra_grpc  # noqa: E402
-from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
+from plugin.api.dra.v1 import api_pb2 as dra_pb2
+from plugin.api.dra.v1 import api_pb2_grpc as dra_grpc
+from topo_testkit.kubelet_standin import KubeletStandin
 
 NODE, DRIVER, NIC = "node-a", "topo.dev", "topo.dev/nic"
 

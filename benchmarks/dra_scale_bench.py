@@ -54,12 +54,12 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "e2e" / "cluster")]
 
-import aiohttp  # noqa: E402
-from pki import PKI  # noqa: E402
+import aiohttp
+from pki import PKI
 
-from allocator.topology import DeviceKind, NodeTopology  # noqa: E402
-from plugin.dra.slices import ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, SliceOptions, build_resource_slices  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
+from allocator.topology import DeviceKind, NodeTopology
+from plugin.dra.slices import ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, SliceOptions, build_resource_slices
+from plugin.sources.simulated import load_simulated
 
 DRIVER = "topo.dev"
 SHAPES = ("gpu1", "gpu-all", "gpu4", "gpu4-nvlink", "pairs", "pairs-switch", "pairs-root")
@@ -252,7 +252,7 @@ class ControlPlane:
         self.ca = p.ca_cert
         sched = p.kubeconfig(p.issue("scheduler", "system:kube-scheduler"), self.url)
         self.admin_kubeconfig = p.kubeconfig(self.admin, self.url)
-        b = lambda n: str(self.bins / n)  # noqa: E731
+        b = lambda n: str(self.bins / n)  # noqa: E731 (a one-line shorthand)
         self.spawn("etcd", [b("etcd"), "--name", "bench", "--data-dir", str(self.w / "etcd"),
                             "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
                             "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",

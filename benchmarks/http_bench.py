@@ -34,9 +34,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))  # topo_testkit: test support, not in the wheel
 
-from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
-from topo_testkit.idle_clients import closed_by_peer, open_half_requests  # noqa: E402
-from topo_testkit.procfs import footprint  # noqa: E402
+from topo_testkit.kubelet_standin import KubeletStandin
+from topo_testkit.idle_clients import closed_by_peer, open_half_requests
+from topo_testkit.procfs import footprint
 
 GPU = "nvidia.com/gpu"
 PATHS = ("/healthz", "/readyz", "/metrics")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import math
 import os
 import pathlib
 import random
@@ -33,14 +32,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "daemon"))
 
-from daemon_testlib import hard_node_yaml  # noqa: E402
+from daemon_testlib import hard_node_yaml
 
-from allocator.pairing import PairingIndex  # noqa: E402
-from allocator.policies import get_policy  # noqa: E402
-from allocator.request import AllocationRequest  # noqa: E402
-from plugin.allocation.preferred import LOOP_MAX_SETS, candidate_sets  # noqa: E402
-from plugin.model.resources import ResourceOptions, build_resources  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
+from allocator.pairing import PairingIndex
+from allocator.policies import get_policy
+from allocator.request import AllocationRequest
+from plugin.allocation.preferred import LOOP_MAX_SETS, candidate_sets
+from plugin.model.resources import ResourceOptions, build_resources
+from plugin.sources.simulated import load_simulated
 
 
 def fastest(policy, graph, request: AllocationRequest, tries: int = 3) -> float:

@@ -27,8 +27,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from plugin.demo.kubelet_standin import KubeletStandin  # noqa: E402
-from topo_testkit import pythonpath_env  # noqa: E402
+from plugin.demo.kubelet_standin import KubeletStandin
+from topo_testkit import pythonpath_env
 
 GPU = "nvidia.com/gpu"
 #: Modules a device-plugin daemon should not import unless its mode needs them.
@@ -129,7 +129,7 @@ async def measure(label: str, launcher: list[str], args: list[str], calls: int) 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731 (a one-line shorthand)
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
 
 

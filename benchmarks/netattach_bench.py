@@ -32,7 +32,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
-from plugin.netattach import InterfaceSpec, NetAttacher, RouteSpec, attach, detach  # noqa: E402
+from plugin.netattach import InterfaceSpec, NetAttacher, RouteSpec, attach, detach
 
 
 def sh(*args: str) -> None:

@@ -28,12 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from topo_testkit.nri_runtime import Runtime, build  # noqa: E402
+from topo_testkit.nri_runtime import Runtime, build
 
-from plugin.nri import NriPlugin, PodSandbox  # noqa: E402
-from plugin.nri import ttrpc  # noqa: E402
-from plugin.nri.mux import FrameReader, encode_frames  # noqa: E402
-from plugin.watch.health import Backoff  # noqa: E402
+from plugin.nri import NriPlugin, PodSandbox
+from plugin.nri import ttrpc
+from plugin.nri.mux import FrameReader, encode_frames
+from plugin.watch.health import Backoff
 
 
 class Quick:

@@ -51,23 +51,27 @@ ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from allocator.pairing import Matching, PairingIndex  # noqa: E402
-from allocator.policies import get_policy  # noqa: E402
-from allocator.request import Allocation, AllocationRequest, Policy  # noqa: E402
-from allocator.topology import DeviceKind, LinkLevel, NodeTopology  # noqa: E402
-from allocator.topologymanager.device_hints import DeviceInfo  # noqa: E402
-from allocator.topologymanager.devices_to_allocate import devices_to_allocate  # noqa: E402
-from allocator.topologymanager.hint import TopologyHint  # noqa: E402
-from allocator_bench import pct, table, timed  # noqa: E402
-from plugin.allocation.pairing_groups import PairingGroups  # noqa: E402
-from plugin.model.resources import Resource, ResourceOptions, build_resources  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
+from allocator.pairing import Matching, PairingIndex
+from allocator.policies import SubsetTableCache, get_policy
+from allocator.request import Allocation, AllocationRequest, Policy
+from allocator.topology import DeviceKind, LinkLevel, NodeTopology
+from allocator.topologymanager.device_hints import DeviceInfo
+from allocator.topologymanager.devices_to_allocate import devices_to_allocate
+from allocator.topologymanager.hint import TopologyHint
+from allocator_bench import pct, table, timed
+from plugin.allocation.pairing_groups import PairingGroups
+from plugin.model.resources import Resource, ResourceOptions, build_resources
+from plugin.sources.simulated import load_simulated
 
 NODES = ("dgx-h100", "dgx-a100", "dgx-2-v100")
 #: The pairing simulation also runs on the platforms of docs/platforms.md.
 SIM_NODES = (*NODES, "hgx-b200", "gb200-cx7", "gb300-cx8-dd")
 #: Topology Manager policy `none`: no NUMA affinity is stored for a container.
 NO_AFFINITY = TopologyHint(None, True)
+
+
+#: One cache of subset tables for the resources and policies here, as the daemon has (allocator.policies.subsets).
+TABLES = SubsetTableCache()
 
 
 # -- the kubelet side -------------------------------------------------------------
@@ -112,12 +116,12 @@ class KubeletNode:
     now: float = 0.0
 
     def __post_init__(self) -> None:
-        rs = build_resources(self.topology, ResourceOptions(device_id_strategy="index"))
+        rs = build_resources(self.topology, ResourceOptions(device_id_strategy="index"), TABLES)
         self.resources: dict[str, Resource] = {r.name: r for r in rs}
         self.index = PairingIndex.build(self.topology, {r.name: r.devices for r in rs})
         self.groups = PairingGroups(self.window_s, clock=lambda: self.now)
         self.policy: dict[str, Policy] = {
-            r.name: get_policy(self.policies.get(r.name, r.policy)) for r in rs
+            r.name: get_policy(self.policies.get(r.name, r.policy), tables=TABLES) for r in rs
         }
         self.info = {r.name: {d.id: DeviceInfo(d.id, None if d.numa is None else (d.numa,)) for d in r.devices}
                      for r in rs}
@@ -254,11 +258,11 @@ def latency(nodes: Sequence[str], trials: int, seed: int) -> None:
     rows = []
     for node in nodes:
         t = load_simulated(node)
-        rs = {r.kind: r for r in build_resources(t, ResourceOptions(device_id_strategy="index"))}
+        rs = {r.kind: r for r in build_resources(t, ResourceOptions(device_id_strategy="index"), TABLES)}
         index = PairingIndex.build(t, {r.name: r.devices for r in rs.values()})
         for kind, other in ((DeviceKind.GPU, DeviceKind.NIC), (DeviceKind.NIC, DeviceKind.GPU)):
             me, them = rs[kind], rs[other]
-            policy = get_policy(me.policy)
+            policy = get_policy(me.policy, tables=TABLES)
             rng = random.Random(seed)
             plain: list[float] = []
             paired: list[float] = []
@@ -313,14 +317,14 @@ def hard_end(nodes: int, seed: int) -> None:
     for n in range(nodes):
         rng = random.Random(seed * 1000 + n)
         t = generated_node(rng, 16, 16, rng.randint(1, 3), p_nvlink=rng.random())
-        rs = {r.kind: r for r in build_resources(t, ResourceOptions(device_id_strategy="index"))}
+        rs = {r.kind: r for r in build_resources(t, ResourceOptions(device_id_strategy="index"), TABLES)}
         index = PairingIndex.build(t, {r.name: r.devices for r in rs.values()})
         for name, kind, other in (("numa-first", DeviceKind.GPU, DeviceKind.NIC),
                                   ("link-first", DeviceKind.GPU, DeviceKind.NIC),
                                   ("spread", DeviceKind.NIC, DeviceKind.GPU),
                                   ("packed", DeviceKind.NIC, DeviceKind.GPU)):
             me, them = rs[kind], rs[other]
-            policy = get_policy(name)
+            policy = get_policy(name, tables=TABLES)
             plain, paired = times.setdefault(name, ([], []))
             for _ in range(4):
                 size = rng.randint(2, 8)

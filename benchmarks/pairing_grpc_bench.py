@@ -48,15 +48,15 @@ sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "tests" / "support"))
 
-from allocator.topology import DeviceKind  # noqa: E402
-from allocator_bench import pct, table  # noqa: E402
-from pairing_bench import churn  # noqa: E402
-from topo_testkit.device_manager import StandinDeviceManager, pod  # noqa: E402
-from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
-from plugin.model.resources import ResourceOptions, build_resources  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
-from topo_testkit import pythonpath_env  # noqa: E402
-from topo_testkit.pairing_oracle import LoggedCall, oracle_for, spec_partners  # noqa: E402
+from allocator.topology import DeviceKind
+from allocator_bench import pct, table
+from pairing_bench import churn
+from topo_testkit.device_manager import StandinDeviceManager, pod
+from topo_testkit.kubelet_standin import KubeletStandin
+from plugin.model.resources import ResourceOptions, build_resources
+from plugin.sources.simulated import load_simulated
+from topo_testkit import pythonpath_env
+from topo_testkit.pairing_oracle import LoggedCall, oracle_for, spec_partners
 
 NODES = ("dgx-h100", "dgx-a100", "dgx-2-v100")
 
@@ -198,7 +198,7 @@ async def latency_run(node: str, pods: int, seed: int) -> Run:
     with tempfile.TemporaryDirectory(prefix="tdp-a-") as ta, tempfile.TemporaryDirectory(prefix="tdp-b-") as tb:
         async with daemon(node, 1000.0, ta) as a, daemon(node, 0.0, tb) as b:
             mirror = Mirror(a, b)
-            dm = StandinDeviceManager(mirror, random.Random(seed + 1))  # type: ignore[arg-type]
+            dm = StandinDeviceManager(mirror, random.Random(seed + 1))
             await walk(dm, gpu, nic, pods, seed)
     partners = check(dm, oracle_for(topology, resources), 1.0, out)
     timed = mirror.times[-len(partners):]  # the warm-up's calls come first
@@ -245,7 +245,7 @@ async def latency_table(nodes: list[str], pods: int, seed: int) -> None:
         r = await latency_run(node, pods, seed)
         paired = [x for x in r.latency if x[0]]
         other = [x for x in r.latency if not x[0]]
-        col = lambda xs, i: [x[i] for x in xs]  # noqa: E731
+        col = lambda xs, i: [x[i] for x in xs]  # noqa: E731 (a one-line shorthand)
         rows.append([node, len(paired),
                      p50_99(col(paired, 2)), p50_99(col(paired, 4)),
                      f"{pct(col(paired, 2), 99) / max(pct(col(paired, 4), 99), 1e-9):.2f}x",

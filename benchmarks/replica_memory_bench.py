@@ -24,9 +24,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from topo_testkit import pythonpath_env  # noqa: E402
+from topo_testkit import pythonpath_env
 
-from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
+from topo_testkit.kubelet_standin import KubeletStandin
 
 GPU = "nvidia.com/gpu"
 GPUS = 8

@@ -47,14 +47,14 @@ sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT.parent / "tests" / "allocator"))
 sys.path.insert(0, str(ROOT.parent / "tests" / "support"))  # topo_testkit: test support, not in the wheel
 
-from allocator.policies import get_policy  # noqa: E402
-from allocator.request import AllocationRequest  # noqa: E402
-from allocator.subdevices import child_graph, replica_graph  # noqa: E402
-from allocator.topology import DeviceGraph  # noqa: E402
-from plugin.api import api_pb2, api_pb2_grpc  # noqa: E402
-from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
-from sharing_testlib import by_counts, mig_key, replica_key  # noqa: E402
+from allocator.policies import get_policy
+from allocator.request import AllocationRequest
+from allocator.subdevices import child_graph, replica_graph
+from allocator.topology import DeviceGraph
+from plugin.api import api_pb2, api_pb2_grpc
+from topo_testkit.kubelet_standin import KubeletStandin
+from plugin.sources.simulated import load_simulated
+from sharing_testlib import by_counts, mig_key, replica_key
 
 
 def builtin_gpus(name: str) -> DeviceGraph:

@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "daemon"))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from daemon_testlib import GPU, allocate_request, preferred_request  # noqa: E402
-from topo_testkit.procfs import footprint  # noqa: E402
+from daemon_testlib import GPU, allocate_request, preferred_request
+from topo_testkit.procfs import footprint
 
-from plugin.api import api_pb2, api_pb2_grpc  # noqa: E402
-from topo_testkit.kubelet_standin import KubeletStandin  # noqa: E402
+from plugin.api import api_pb2, api_pb2_grpc
+from topo_testkit.kubelet_standin import KubeletStandin
 
 BATCHES = 10
 CLIENTS = 8

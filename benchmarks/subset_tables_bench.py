@@ -26,12 +26,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "allocator"))
 
-from alloc_testlib import random_graph, request  # noqa: E402
+from alloc_testlib import random_graph, request
 
-from allocator.policies import get_policy  # noqa: E402
-from allocator.policies.subsets import TABLE_MAX_SETS, SubsetTables  # noqa: E402
-from plugin.model.resources import ResourceOptions, build_resources  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
+from allocator.policies import get_policy
+from allocator.policies.subsets import TABLE_MAX_SETS, SubsetTables
+from plugin.model.resources import ResourceOptions, build_resources
+from plugin.sources.simulated import load_simulated
 
 
 def searching(name: str):

@@ -15,12 +15,13 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
 
 @functools.cache
-def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _malloc_trim() -> Callable[[int], int] | None:
     name = ctypes.util.find_library("c")
     try:
         fn = ctypes.CDLL(name).malloc_trim if name else None

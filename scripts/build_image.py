@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import dockerignore  # noqa: E402
+import dockerignore
 
 REPOSITORY = "localhost/topo-device-plugin"
 BASE_REPOSITORY = "localhost/topo-device-plugin-base"

@@ -16,5 +16,17 @@ install_venv test
 stage "kubelet harness, kubelet, containerd, control plane, image (cached)"
 bash scripts/kubelet_tests.sh prepare
 
+# ruff and mypy (scripts/lint.sh). A finding does not stop the tests (a 20-minute run is not thrown away for
+# a lint slip), but the run fails, and says why as its last line.
+stage "static checks: ruff, mypy"
+lint=0
+bash scripts/lint.sh || lint=$?
+
 stage "tests"
-exec .venv/bin/python -m pytest "$@"
+rc=0
+.venv/bin/python -m pytest "$@" || rc=$?
+if [ "$lint" -ne 0 ]; then
+  echo "FAILED: static checks (ruff/mypy): see the \"static checks\" stage above" >&2
+  [ "$rc" -ne 0 ] || rc=$lint
+fi
+exit "$rc"

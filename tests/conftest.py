@@ -8,6 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 from topo_testkit import SHARED_DIR
+from topo_testkit.short_dirs import short_tmp_dir
+
+#: Seconds per top-level test directory at the end of every run (tests/README.md says how to read it).
+pytest_plugins = ["topo_testkit.durations_table"]
 
 pytest_plugins = ["topo_testkit.measured"]
 
@@ -22,6 +26,15 @@ def shared_topologies() -> list[pathlib.Path]:
         pytest.fail(f"no topology fixtures found under {SHARED / 'topologies'}; "
                     "the checkout needs ../shared beside it (or TOPO_DP_SHARED_DIR)")
     return TOPOLOGIES
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[str]:
+    """A fresh directory with a short path (`/tmp/tdp-XXXXXXXX`) for unix sockets, removed afterwards.
+
+    Unix socket paths are limited to 107 bytes and pytest's `tmp_path` can be longer (topo_testkit.short_dirs)."""
+    with short_tmp_dir() as d:
+        yield d
 
 
 @pytest.fixture(scope="session", autouse=True)

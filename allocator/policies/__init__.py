@@ -30,7 +30,7 @@ from .gpu import LinkFirstPolicy, NumaFirstPolicy
 from .mig import MigPolicy
 from .nic import PackedPolicy, SpreadPolicy
 from .replicas import ReplicaPolicy
-from .subsets import prepare
+from .subsets import SubsetTableCache
 
 _REGISTRY: dict[str, type[SearchPolicy]] = {
     "numa-first": NumaFirstPolicy,
@@ -50,8 +50,9 @@ DEFAULT_NIC_POLICY = "spread"
 _OPTIONS = ("time_budget_s", "exact_limit")
 
 
-def get_policy(name: str, **options: Any) -> Policy:
-    """The policy called `name`, configured by `options`.
+def get_policy(name: str, *, tables: SubsetTableCache | None = None, **options: Any) -> Policy:
+    """The policy called `name`, configured by `options`; its subset tables in `tables` (the cache of
+    whoever owns the topology, `subsets`), else in a cache of its own.
 
     Raises ValueError naming the valid choices for an unknown name or option.
     """
@@ -63,14 +64,14 @@ def get_policy(name: str, **options: Any) -> Policy:
         raise ValueError(
             f"unknown option(s) for policy {name!r}: {', '.join(unknown)}; valid options are {', '.join(_OPTIONS)}"
         )
-    return cls(**options)
+    return cls(**options) if tables is None else cls(tables=tables, **options)
 
 
-def prepare_tables(name: str, graph: DeviceGraph) -> None:
-    """Build what policy `name` looks up for `graph` (`subsets`: small resources) now, where the
-    resource is built, so that no request pays for it; nothing for other policies or an unknown name."""
+def prepare_tables(name: str, graph: DeviceGraph, tables: SubsetTableCache) -> None:
+    """Build in `tables` what policy `name` looks up for `graph` (`subsets`: small resources) now, where
+    the resource is built, so that no request pays for it; nothing for other policies or an unknown name."""
     cls = _REGISTRY.get(name)
-    prepare(graph, cls.subset_order if cls is not None else None)
+    tables.prepare(graph, cls.subset_order if cls is not None else None)
 
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "SHARED_POLICY_NAMES",
     "SearchPolicy",
     "SpreadPolicy",
+    "SubsetTableCache",
     "get_policy",
     "prepare_tables",
 ]

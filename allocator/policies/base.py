@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from ..request import Allocation, AllocationRequest
@@ -19,12 +19,14 @@ from ..topology import DeviceGraph
 from .paired import PairedObjective, PairedProblem, solve_paired
 from .problem import Objective, Problem
 from .search import solve
-from .subsets import TABLE_MAX_SETS, subset_tables
+from .subsets import TABLE_MAX_SETS, SubsetTableCache
 
 #: Default search budget above the exact range (the spec's 20 ms).
 DEFAULT_TIME_BUDGET_S = 0.020
 #: Up to this many available devices the answer is always the proven optimum.
 DEFAULT_EXACT_LIMIT = 16
+#: The budget of a search that starts with no time left (`within(0)`): the greedy answer and nothing more.
+NO_TIME_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,13 @@ class SearchPolicy:
     - `time_budget_s`: wall-clock budget of one request when more than
       `exact_limit` devices are available; None means no limit (always exact).
     - `exact_limit`: up to this many available devices no budget applies.
+    - `tables`: where the subset tables of small resources are kept (`subsets`): the cache of whoever
+      owns the topology (the daemon's, which its resource build fills ahead); by default the policy's own.
     """
 
     time_budget_s: float | None = DEFAULT_TIME_BUDGET_S
     exact_limit: int = DEFAULT_EXACT_LIMIT
+    tables: SubsetTableCache = field(default_factory=SubsetTableCache, compare=False, repr=False)
 
     #: Set by each subclass (a plain class attribute, so `Policy.name` reads it).
     name = "base"
@@ -50,6 +55,15 @@ class SearchPolicy:
             raise ValueError(f"time_budget_s must be positive or None, got {self.time_budget_s!r}")
         if self.exact_limit < 0:
             raise ValueError(f"exact_limit must be >= 0, got {self.exact_limit!r}")
+
+    def within(self, remaining_s: float) -> SearchPolicy:
+        """This policy with its budget cut to `remaining_s`: unchanged when its own is smaller; with no time
+        left, no exact range either (`exact_limit` 0), so even a small request gets the greedy answer."""
+        if remaining_s <= 0:
+            return replace(self, time_budget_s=NO_TIME_S, exact_limit=0)
+        if self.time_budget_s is None or self.time_budget_s > remaining_s:
+            return replace(self, time_budget_s=remaining_s)
+        return self
 
     def objective(self, problem: Problem) -> Objective:
         raise NotImplementedError
@@ -105,8 +119,9 @@ class SearchPolicy:
         Exact like the search: every candidate is ranked by the policy's full order, ties included.
         `explored` is the number of sets scanned (0 when the answer is forced).
         """
-        tables = subset_tables(graph)
-        if tables is None:
+        order = self.subset_order
+        tables = self.tables.tables(graph)
+        if order is None or tables is None:  # allocate() checks the order first
             return None
         bit_of = tables.bit_of
         must = sum(map(bit_of.__getitem__, request.must_include))
@@ -122,7 +137,7 @@ class SearchPolicy:
             scanned = math.comb(len(free), picks)
             if scanned > TABLE_MAX_SETS:
                 return None
-            mask = tables.best(self.subset_order, must, free, picks)  # type: ignore[arg-type]
+            mask = tables.best(order, must, free, picks)
         left = must + sum(free) - mask
         return Allocation(
             ids=tables.members(mask),

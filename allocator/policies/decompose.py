@@ -66,8 +66,8 @@ def subspaces(p: Problem, obj: Objective, max_parts: int | None = None) -> list[
     if max_parts is None:
         max_parts = MAX_PARTS
     numa = p.numa
-    must_nodes = {numa[m] for m in p.must if numa[m] is not None}
-    others = sorted({numa[x] for x in p.free if numa[x] is not None and numa[x] not in must_nodes})
+    must_nodes = {must_node for m in p.must if (must_node := numa[m]) is not None}
+    others = sorted({node for x in p.free if (node := numa[x]) is not None and node not in must_nodes})
     node_sets: list[tuple[set[int], Objective]] = []
     if obj.max_span is not None:
         extra = obj.max_span - len(must_nodes)

@@ -121,10 +121,10 @@ class Family:
         In ascending order of U's sorted nodes, so iteration is deterministic.
         """
         numa = self.numa
-        must_nodes = {numa[p] for p in self.must_parents if numa[p] is not None}
+        must_nodes = {must_node for p in self.must_parents if (must_node := numa[p]) is not None}
         must_parents = set(self.must_parents)
         cands = self.candidate_parents()
-        others = sorted({numa[p] for p in cands if numa[p] is not None and numa[p] not in must_nodes})
+        others = sorted({node for p in cands if (node := numa[p]) is not None and node not in must_nodes})
         extra = self.min_span - len(must_nodes)
         for combo in itertools.combinations(others, extra):
             nodes = frozenset(must_nodes.union(combo))
@@ -151,7 +151,7 @@ class SharedAllocation(Allocation):
     #: what `Allocate` exposes once each.
     parents: tuple[str, ...] = ()
     #: The policy's criteria of the answer, smaller is better (the policy's `criteria` function).
-    criteria: tuple = ()
+    criteria: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,9 +173,9 @@ class FamilyPolicy(SearchPolicy):
         request.validate(graph)
         f = Family.build(graph, request)
         if f.size == len(f.available):
-            return self._result(f, f.available, True, 0)
+            return self._family_result(f, f.available, True, 0)
         if f.size == len(f.must_devices):
-            return self._result(f, f.must_devices, True, 0)
+            return self._family_result(f, f.must_devices, True, 0)
         deadline = None
         if self.time_budget_s is not None and len(f.candidate_parents()) > self.exact_limit:
             deadline = started + self.time_budget_s
@@ -189,7 +189,7 @@ class FamilyPolicy(SearchPolicy):
             plans.append(self.plan(f, context, u))
         best_key = min(k for k, _ in plans)
         members, proven, explored = self.choose(f, context, [p for k, p in plans if k == best_key], deadline)
-        return self._result(f, members, optimal and proven, explored)
+        return self._family_result(f, members, optimal and proven, explored)
 
     # -- what a subclass says ---------------------------------------------------------
     def prepare(self, f: Family) -> Any:
@@ -204,14 +204,14 @@ class FamilyPolicy(SearchPolicy):
         """(answer positions, proven optimal, search nodes) from the plans tied on the best key."""
         raise NotImplementedError
 
-    def criteria_idx(self, graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple:
+    def criteria_idx(self, graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple[Any, ...]:
         raise NotImplementedError
 
-    def score_of(self, criteria: tuple) -> int:
+    def score_of(self, criteria: tuple[Any, ...]) -> int:
         """W(parents(S)) where the objective has it; 0 otherwise."""
         return 0
 
-    def _result(self, f: Family, members: Sequence[int], optimal: bool, explored: int) -> SharedAllocation:
+    def _family_result(self, f: Family, members: Sequence[int], optimal: bool, explored: int) -> SharedAllocation:
         chosen = sorted(members)
         g = f.graph
         crit = self.criteria_idx(g, f.available, chosen)

@@ -41,19 +41,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..subdevices import parent_positions
 from ..topology import DeviceGraph
 from .family import Family, FamilyPolicy, NodeSet
 
 
-def mig_criteria(graph: DeviceGraph, available: Iterable[str], chosen: Iterable[str]) -> tuple:
+def mig_criteria(graph: DeviceGraph, available: Iterable[str], chosen: Iterable[str]) -> tuple[Any, ...]:
     """(span, |parents(S)|, sorted free counts of the parents, sum of free(parent(s))): smaller is better."""
     pos = graph.index_of()
     return _criteria_idx(graph, [pos[i] for i in available], [pos[i] for i in chosen])
 
 
-def _criteria_idx(graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple:
+def _criteria_idx(graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple[Any, ...]:
     parent_of, parent_ids = parent_positions(graph)
     free = [0] * len(parent_ids)
     for i in available:
@@ -110,11 +111,11 @@ class MigPolicy(FamilyPolicy):
                deadline: float | None) -> tuple[tuple[int, ...], bool, int]:
         return min(self._members(f, plan, free) for plan in plans), True, 0
 
-    def criteria_idx(self, graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple:
+    def criteria_idx(self, graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple[Any, ...]:
         return _criteria_idx(graph, available, chosen)
 
     # -- criteria 2 and 3 per node set -------------------------------------------------
-    def plan(self, f: Family, free: list[int], u: NodeSet) -> tuple[tuple, _Plan]:
+    def plan(self, f: Family, free: list[int], u: NodeSet) -> tuple[tuple[Any, ...], _Plan]:
         need = f.size - sum(free[p] for p in f.must_parents)
         counts: tuple[int, ...] = ()
         if need > 0:

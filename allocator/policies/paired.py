@@ -58,6 +58,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..pairing import Matching, Partners
 from ..scoring import min_span_idx
@@ -305,7 +306,7 @@ def uniform_links_pairing(pp: PairedProblem) -> tuple[int, ...] | None:
                 owner[i] = j
     numa = p.numa
     known = set(pp.partner_numa)
-    known.update(numa[m] for m in p.must if numa[m] is not None)
+    known.update(must_node for m in p.must if (must_node := numa[m]) is not None)
     free = [x for x in p.free if numa[x] is None or numa[x] in known]
     unmet = set(range(cols))
     for m in p.must:
@@ -313,8 +314,8 @@ def uniform_links_pairing(pp: PairedProblem) -> tuple[int, ...] | None:
     # last[j]: the highest allowed free device among partner j's best (-1: none).
     last = [-1] * cols
     for x in free:
-        j = owner.get(x)
-        if j is not None:
+        j = owner.get(x, -1)
+        if j >= 0:
             last[j] = x
     chosen = list(p.must)
     slots = p.size - len(chosen)
@@ -323,8 +324,8 @@ def uniform_links_pairing(pp: PairedProblem) -> tuple[int, ...] | None:
     for n, x in enumerate(free):
         if not slots:
             break
-        j = owner.get(x)
-        meets = j is not None and j in unmet
+        j = owner.get(x, -1)
+        meets = j in unmet  # -1 (no partner's best) never is
         need = len(unmet) - meets
         if (slots - 1 >= need and len(free) - n - 1 >= slots - 1
                 and all(last[u] > x for u in unmet if u != j)):
@@ -423,7 +424,7 @@ class _PairedBranchAndBound(_BranchAndBound):
         #: (class index, used NUMA nodes when the span limit is reached) -> [prefix sums of the
         #: credits of the devices still allowed, largest first; those classes; their summed dual u
         #: once the duals exist].
-        self._rest_cache: dict[tuple, list] = {}
+        self._rest_cache: dict[tuple[int, frozenset[Any] | None], list[Any]] = {}
         # What the i-th device taken from a class can add to X at most: the i-th largest weight of
         # its row (equal rows, one partner each).
         rows = pp.rows
@@ -488,12 +489,12 @@ class _PairedBranchAndBound(_BranchAndBound):
             credits.sort(reverse=True)
             rest = self._rest_cache[key] = [[0, *itertools.accumulate(credits)], allowed, None]
         tops = rest[0]
-        by_credits = tops[min(r, len(tops) - 1)]
+        by_credits: int = tops[min(r, len(tops) - 1)]
         if ub + self.pair_coef * by_credits < self.best_key:
             return ub + self.pair_coef * by_credits  # pruned: the smaller bound below prunes as well
         if self._dual_u is None:
             self._duals()
-        dual = rest[2]
+        dual: int | None = rest[2]
         if dual is None:
             dual = rest[2] = sum(self._dual_class[d] for d in rest[1])
         grow = min(by_credits, self._dual_chosen + dual + self._dual_rest - self.matching.total)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..request import AllocationRequest
 from ..subdevices import parent_positions, parent_weights
@@ -142,7 +143,7 @@ class ReplicaPolicy(FamilyPolicy):
         )[:extra]
         members = tuple(sorted([*f.must_devices, *(f.free[p][0] for p in u.pool), *(i for _, i in slack)]))
         key = (-(len(f.must_parents) + len(u.pool)),
-               c.must_load + sum(load[p] for p in u.pool) + sum(l for l, _ in slack))
+               c.must_load + sum(load[p] for p in u.pool) + sum(s for s, _ in slack))
         return key, members
 
     # -- criterion 4 and the tie rule -------------------------------------------------
@@ -190,8 +191,8 @@ class ReplicaPolicy(FamilyPolicy):
     def _links(f: Family, members: Sequence[int]) -> int:
         return -_criteria_idx(f.graph, (), members)[3]
 
-    def criteria_idx(self, graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple:
+    def criteria_idx(self, graph: DeviceGraph, available: Sequence[int], chosen: Sequence[int]) -> tuple[Any, ...]:
         return _criteria_idx(graph, available, chosen)
 
-    def score_of(self, criteria: tuple) -> int:
-        return -criteria[3]
+    def score_of(self, criteria: tuple[Any, ...]) -> int:
+        return -int(criteria[3])

@@ -177,8 +177,8 @@ class _BranchAndBound:
         self.cw = [[w[a][b] for b in reps] for a in reps]
         # cap_after[c]: devices in classes c.. (for the "enough left" rule).
         cap = [0] * (nc + 1)
-        for c in range(nc - 1, -1, -1):
-            cap[c] = cap[c + 1] + self.size[c]
+        for k in range(nc - 1, -1, -1):
+            cap[k] = cap[k + 1] + self.size[k]
         self.cap_after = cap
         # top2[c][r] = alpha * (sum of the r-1 largest weights from a member of
         # class c to the other pool devices), for r = 0..picks.
@@ -379,7 +379,7 @@ class _BranchAndBound:
         if fits < r:
             if not opening:
                 return False
-            room = max_span - span  # type: ignore[operator]
+            room = max_span - span  # type: ignore[operator]  # `opening` is only filled under a span limit
             fits += sum(sorted(opening.values(), reverse=True)[:room])
             if fits < r:
                 return False

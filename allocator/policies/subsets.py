@@ -20,9 +20,14 @@ simply the largest key.
 Memory, per subset: W and W shifted for the key (8 bytes each), span and ports (1 byte each;
 ports only where devices have ports: NICs), and the keys of each policy order used (8 bytes):
 about 1.6 MB for 16 devices, 6 KB for 8. Built in about 2^n list operations (16 devices: tens of ms, once per
-topology) where the resource is built (`prepare`) or else by the first request; kept for the
-graph, and for graphs of the same contents (a resource rebuilt after a health change), up to
-`_KEEP` topologies.
+topology) where the resource is built (`SubsetTableCache.prepare`) or else by the first request; kept
+for the graph, and for graphs of the same contents (a resource rebuilt after a health change), up to
+`KEEP` topologies.
+
+Where they are kept: in a `SubsetTableCache`, an object of whoever owns the topology (the daemon
+owns one for all its resources and hands it to the resource build and to its policies); a policy
+given none keeps its own (`SearchPolicy.tables`). No module state: two daemons in one process, or
+two tests, share nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import combinations
+from typing import Any
 
 from ..topology import DeviceGraph
 
@@ -183,7 +189,7 @@ def _half_scores(w: Sequence[Sequence[int]], positions: list[int]) -> list[int]:
     return out
 
 
-def _union_counts(bits: list[int], lo_pos: list[int], hi_pos: list[int], code: str) -> array:
+def _union_counts(bits: list[int], lo_pos: list[int], hi_pos: list[int], code: str) -> array[int]:
     """Distinct bits among the `bits` of a mask's positions, for every mask (split in two halves)."""
     def unions(positions: list[int]) -> list[int]:
         out = [0]
@@ -199,58 +205,63 @@ def _union_counts(bits: list[int], lo_pos: list[int], hi_pos: list[int], code: s
     return table
 
 
-#: Tables by graph object (the look-up an RPC makes) and by graph contents (a rebuilt resource, e.g.
-#: after a health change, gets a new graph with the same devices and links: its tables are reused).
-_by_graph: dict[int, tuple[weakref.ref, SubsetTables | None]] = {}
-_by_contents: OrderedDict[tuple, SubsetTables | None] = OrderedDict()
-#: Distinct topologies whose tables are kept (a node has a GPU resource and a NIC pool or two).
-_KEEP = 8
-_lock = threading.Lock()
-
-
-def subset_tables(graph: DeviceGraph) -> SubsetTables | None:
-    """The tables of `graph` (built on first call, then kept: module doc); None above
-    `TABLE_MAX_DEVICES` devices or with a weight outside 0.._MAX_WEIGHT (then the search answers)."""
-    if len(graph.ids) > TABLE_MAX_DEVICES:
-        return None
-    key = id(graph)
-    hit = _by_graph.get(key)
-    if hit is not None and hit[0]() is graph:
-        return hit[1]
-    contents = (graph.ids, graph.numa, graph.ports, tuple(tuple(row) for row in graph.weights))
-    with _lock:
-        known = contents in _by_contents
-        tables = _by_contents.get(contents)
-    if not known:
-        # Negative weights would break the bounds the keys are packed with, and W is kept in 8 bytes:
-        # the spec's links (10..100 x NVLinks) are far inside both limits.
-        odd = any(v < 0 or v >= _MAX_WEIGHT for row in graph.weights for v in row)
-        tables = None if odd else SubsetTables.build(graph)
-    with _lock:
-        _by_contents[contents] = tables
-        _by_contents.move_to_end(contents)
-        while len(_by_contents) > _KEEP:
-            _by_contents.popitem(last=False)
-        _by_graph[key] = (weakref.ref(graph, partial(_forget, key)), tables)
-    return tables
-
-
+#: Distinct topologies whose tables a cache keeps (a node has a GPU resource and a NIC pool or two).
+KEEP = 8
 #: Largest pair weight the tables take: W of 16 devices (120 pairs) then fits 8 bytes with room.
 _MAX_WEIGHT = 1 << 40
 
 
-def _forget(key: int, ref: weakref.ref) -> None:
-    with _lock:
-        hit = _by_graph.get(key)
-        if hit is not None and hit[0] is ref:
-            del _by_graph[key]
+class SubsetTableCache:
+    """The subset tables of one owner's graphs (module doc), safe to share between threads.
 
+    Kept by graph object (the look-up a request makes) and by graph contents (a rebuilt resource,
+    e.g. after a health change, gets a new graph with the same devices and links: its tables are
+    reused), for the last `keep` distinct topologies.
+    """
 
-def prepare(graph: DeviceGraph, order: str | None) -> None:
-    """Build `graph`'s tables and `order`'s keys now (where the resource is built, off the RPC path),
-    so that no request pays for them; nothing for a large graph or no order."""
-    if order is None:
-        return
-    tables = subset_tables(graph)
-    if tables is not None:
-        tables.keys(order)
+    def __init__(self, keep: int = KEEP):
+        self.keep = keep
+        self._by_graph: dict[int, tuple[weakref.ref[DeviceGraph], SubsetTables | None]] = {}
+        self._by_contents: OrderedDict[tuple[Any, ...], SubsetTables | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def tables(self, graph: DeviceGraph) -> SubsetTables | None:
+        """The tables of `graph` (built on first call, then kept); None above `TABLE_MAX_DEVICES`
+        devices or with a weight outside 0.._MAX_WEIGHT (then the search answers)."""
+        if len(graph.ids) > TABLE_MAX_DEVICES:
+            return None
+        key = id(graph)
+        hit = self._by_graph.get(key)
+        if hit is not None and hit[0]() is graph:
+            return hit[1]
+        contents = (graph.ids, graph.numa, graph.ports, tuple(tuple(row) for row in graph.weights))
+        with self._lock:
+            known = contents in self._by_contents
+            tables = self._by_contents.get(contents)
+        if not known:
+            # Negative weights would break the bounds the keys are packed with, and W is kept in 8 bytes:
+            # the spec's links (10..100 x NVLinks) are far inside both limits.
+            odd = any(v < 0 or v >= _MAX_WEIGHT for row in graph.weights for v in row)
+            tables = None if odd else SubsetTables.build(graph)
+        with self._lock:
+            self._by_contents[contents] = tables
+            self._by_contents.move_to_end(contents)
+            while len(self._by_contents) > self.keep:
+                self._by_contents.popitem(last=False)
+            self._by_graph[key] = (weakref.ref(graph, partial(self._forget, key)), tables)
+        return tables
+
+    def _forget(self, key: int, ref: weakref.ref[DeviceGraph]) -> None:
+        with self._lock:
+            hit = self._by_graph.get(key)
+            if hit is not None and hit[0] is ref:
+                del self._by_graph[key]
+
+    def prepare(self, graph: DeviceGraph, order: str | None) -> None:
+        """Build `graph`'s tables and `order`'s keys now (where the resource is built, off the RPC path),
+        so that no request pays for them; nothing for a large graph or no order."""
+        if order is None:
+            return
+        tables = self.tables(graph)
+        if tables is not None:
+            tables.keys(order)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .problem import Problem
 
@@ -48,7 +49,7 @@ def twin_classes(p: Problem, pool: Sequence[int] | None = None) -> list[TwinClas
     avail = p.available
     numa, own, port = p.numa, p.own_port, p.port
 
-    def signature(x: int) -> tuple:
+    def signature(x: int) -> tuple[Any, ...]:
         # Twins have equal multisets of weights to the other available devices,
         # so this cheap signature only groups candidates; the exact test follows.
         row = w[x]
@@ -59,13 +60,13 @@ def twin_classes(p: Problem, pool: Sequence[int] | None = None) -> list[TwinClas
     return classes
 
 
-def group_twins(p: Problem, pool: Sequence[int], signature: Callable[[int], tuple]) -> list[TwinClass]:
+def group_twins(p: Problem, pool: Sequence[int], signature: Callable[[int], tuple[Any, ...]]) -> list[TwinClass]:
     """`pool`'s twin classes in order of first appearance: devices with equal `signature` (which only
     groups candidates: twins must have equal signatures) and equal link weights to every other
     available device (the exact test)."""
     w = p.graph.weights
     avail = p.available
-    buckets: dict[tuple, list[list[int]]] = {}
+    buckets: dict[tuple[Any, ...], list[list[int]]] = {}
     order: list[list[int]] = []
     for x in pool:
         sig = signature(x)

@@ -256,7 +256,7 @@ def devices_to_allocate(
         av, mi = sorted(avail | must), sorted(must)
         try:
             answer = preferred(list(av), list(mi), required)
-        except Exception as err:  # noqa: BLE001 - any plugin error fails admission
+        except Exception as err:  # any plugin error fails admission
             raise DeviceAllocationError(
                 f"device plugin GetPreferredAllocation rpc failed with err: {err}"
             ) from err

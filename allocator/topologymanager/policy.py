@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .hint import ProviderHints, TopologyHint
+from .merge import POLICY_SINGLE_NUMA_NODE
 
 
 class Policy(Protocol):
@@ -26,6 +27,4 @@ class Policy(Protocol):
 
 def is_alignment_guaranteed(policy: Policy) -> bool:
     """The kubelet's `IsAlignmentGuaranteed`: only single-numa-node guarantees one NUMA node."""
-    from .merge import POLICY_SINGLE_NUMA_NODE
-
     return policy.name == POLICY_SINGLE_NUMA_NODE

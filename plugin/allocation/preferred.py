@@ -1,7 +1,9 @@
 """How one GetPreferredAllocation RPC is answered: bounded, off the event loop, under a deadline.
 
 Why a module of its own: the server only moves messages; the rules that keep
-a request from freezing or bloating the daemon live here, next to each other.
+a request from freezing or bloating the daemon live here, next to each other,
+and so does their order (`answer`: shape, partners, the loop or the pool, the
+deadline).
 
 - Absurd requests are refused before any work proportional to their size:
   more container requests than the resource has devices (the kubelet sends
@@ -43,9 +45,10 @@ a request from freezing or bloating the daemon live here, next to each other.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from allocator import Allocation, AllocationError, AllocationRequest, Policy
 from allocator.pairing import NO_PARTNERS, Partners
@@ -53,10 +56,9 @@ from allocator.request import check_list_sizes
 from allocator.topology import DeviceGraph
 
 from ..api import api_pb2
+from .search_pool import SearchPool
 
 DEFAULT_DEADLINE_S = 1.0
-#: The budget of a search that starts after the deadline: the greedy answer and nothing more.
-_NO_TIME_S = 1e-6
 #: Largest resource (devices) whose requests may be answered on the event loop: validation and
 #: the search's set-up are linear in the resource's devices, so a large one goes to the pool whatever it asks.
 LOOP_MAX_DEVICES = 64
@@ -149,22 +151,46 @@ def validate_and_search_first(policy: Policy, graph: DeviceGraph, request: api_p
 def search(policy: Policy, graph: DeviceGraph, request: AllocationRequest, deadline: float | None) -> Allocation:
     """One search (runs on a worker thread); `deadline` (time.monotonic) caps its budget when given."""
     if deadline is not None:
-        policy = within(policy, deadline - time.monotonic())
+        policy = policy.within(deadline - time.monotonic())  # the policy declares its budget (Policy)
     return policy.allocate(graph, request)
 
 
-def within(policy: Policy, remaining_s: float) -> Policy:
-    """`policy` with its time budget cut to `remaining_s` (greedy only when no time is left).
+@dataclass
+class Answer:
+    """The allocations of one GetPreferredAllocation, one per container request, and how they were found."""
 
-    Only policies that expose `time_budget_s`/`exact_limit` as dataclass fields (every
-    `SearchPolicy`) can be cut; any other policy is returned unchanged.
-    """
-    names = {f.name for f in dataclasses.fields(policy)} if dataclasses.is_dataclass(policy) else set()
-    if not {"time_budget_s", "exact_limit"} <= names:
-        return policy
-    if remaining_s <= 0:
-        return dataclasses.replace(policy, time_budget_s=_NO_TIME_S, exact_limit=0)
-    budget = policy.time_budget_s  # type: ignore[attr-defined]
-    if budget is None or budget > remaining_s:
-        return dataclasses.replace(policy, time_budget_s=remaining_s)
-    return policy
+    results: list[Allocation]
+    #: Seconds each result took (on the loop: the call's time shared out evenly).
+    seconds: list[float]
+    #: "loop" (answered on the event loop, `on_loop`) or "pool" (on the search pool's threads).
+    where: str
+
+
+async def answer(policy: Policy, graph: DeviceGraph, request: api_pb2.PreferredAllocationRequest, devices: int,
+                 partners: Callable[[], Awaitable[Partners]], pool: SearchPool, deadline_s: float,
+                 client_left_s: Callable[[], float | None]) -> Answer:
+    """One GetPreferredAllocation, in order: the shape checks, the call's partners (asked for at arrival:
+    the call may end the current group, docs/pairing.md), then every container request on the loop when
+    provably cheap, else on `pool` under the whole-request deadline (`deadline_s`, or what the client's
+    own deadline leaves when that is shorter: `client_left_s()`, read once the partners are known).
+    Raises AllocationError for a bad request."""
+    started = time.perf_counter()
+    check_shape(request, devices)
+    found = await partners()
+    if on_loop(request, devices):
+        results = answer_here(policy, graph, request, found)
+        share = (time.perf_counter() - started) / len(results)
+        return Answer(results, [share] * len(results), "loop")
+    # The deadline counts from arrival: time spent waiting for a worker is part of it.
+    client_left = client_left_s()
+    budget = deadline_s if client_left is None else min(deadline_s, client_left)
+    deadline = time.monotonic() + budget
+    requests, first = await pool.run(validate_and_search_first, policy, graph, request, found)
+    results = [first]
+    seconds = [time.perf_counter() - started]
+    for req in requests[1:]:
+        started = time.perf_counter()
+        # Later container requests share what is left of the whole-request deadline (module doc).
+        results.append(await pool.run(search, policy, graph, req, deadline))
+        seconds.append(time.perf_counter() - started)
+    return Answer(results, seconds, "pool")

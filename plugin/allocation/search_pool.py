@@ -86,7 +86,7 @@ class SearchPool:
                 continue
             try:
                 result, error = fn(*args), None
-            except BaseException as e:  # handed to the awaiting coroutine, which decides
+            except BaseException as e:  # noqa: BLE001 (handed to the awaiting coroutine, which decides)
                 result, error = None, e
             try:
                 loop.call_soon_threadsafe(_settle, fut, result, error)

@@ -121,7 +121,7 @@ def check_request(available: Sequence[str], must: Sequence[str], size: int, avai
 def run_policy(resource: Resource, policy_name: str, available: Sequence[str], must_include: Sequence[str],
                size: int, partners: Partners = NO_PARTNERS) -> Allocation:
     """One GetPreferredAllocation as the daemon answers it (raises AllocationError on a bad request)."""
-    options = dict(resource.policy_options)
+    options: dict[str, Any] = dict(resource.policy_options)
     policy = get_policy(policy_name, **options)
     return policy.allocate(resource.graph, AllocationRequest.of(available, must_include, size, partners))
 
@@ -170,7 +170,7 @@ def preferred_callable(resource: Resource, policy_name: str) -> Callable[[list[s
 
 def numa_nodes_of(resource: Resource, ids: Iterable[str]) -> list[int]:
     by_id = resource.by_id()
-    return sorted({by_id[i].numa for i in ids if i in by_id and by_id[i].numa is not None})
+    return sorted({numa for i in ids if i in by_id and (numa := by_id[i].numa) is not None})
 
 
 # -- the "why" -----------------------------------------------------------------

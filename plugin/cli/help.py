@@ -68,7 +68,7 @@ class SectionedCommand(click.Command):
         if with_env:
             formatter.write_paragraph()
             formatter.write_text(ENV_NOTE.format(flag=with_env[0].opts[0].lstrip("-"),
-                                                 env=with_env[0].envvar.removeprefix("TOPO_DP_")))
+                                                 env=str(with_env[0].envvar).removeprefix("TOPO_DP_")))
         if self.examples:
             with formatter.section("Example" if len(self.examples) == 1 else "Examples"):
                 for line in self.examples:  # written as is: a shell line must not be re-wrapped

@@ -309,17 +309,17 @@ def make_source(settings: Settings) -> TopologySource:
     v = settings.values
     node_labeller = _node_labeller(settings)
     if v.get("simulate"):
-        from ..sources.simulated.source import SimulatedSource
+        from ..sources.simulated.source import SimulatedSource  # noqa: PLC0415 (only the mode in use loads its source)
 
         simulated = SimulatedSource(v["simulate"])
         if not (v.get("fabric_labels_file") or node_labeller):
             return simulated
-        from ..sources.fabric_labels import FabricLabelFile
-        from ..runtime.fabric_labelled import FabricLabelledSource
+        from ..sources.fabric_labels import FabricLabelFile  # noqa: PLC0415 (only with fabric labels)
+        from ..runtime.fabric_labelled import FabricLabelledSource  # noqa: PLC0415 (only with fabric labels)
 
         file = FabricLabelFile(v["fabric_labels_file"]) if v.get("fabric_labels_file") else None
         return FabricLabelledSource(simulated, file=file, node=node_labeller)
-    from ..sources.hardware import hardware_source_from_options
+    from ..sources.hardware import hardware_source_from_options  # noqa: PLC0415 (real hardware only: NVML, sysfs, udev)
 
     hardware = hardware_source_from_options(
         sysfs_root=v["sysfs_root"], dev_root=v["dev_root"], proc_root=v["proc_root"],
@@ -329,7 +329,7 @@ def make_source(settings: Settings) -> TopologySource:
     )
     if node_labeller is None:
         return hardware
-    from ..runtime.fabric_labelled import FabricLabelledSource
+    from ..runtime.fabric_labelled import FabricLabelledSource  # noqa: PLC0415 (only with --fabric-labels-node)
 
     return FabricLabelledSource(hardware, node=node_labeller)  # the hardware source keeps the file itself
 
@@ -343,6 +343,6 @@ def _node_labeller(settings: Settings):  # -> NodeLabeller | None (imported only
         raise InputError(f"{option_source(settings, 'fabric_labels_node')}: labelling the Node needs its name in "
                          "NODE_NAME (fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; "
                          "the chart does)")
-    from ..runtime.node_labels import NodeLabeller
+    from ..runtime.node_labels import NodeLabeller  # noqa: PLC0415 (lightkube only with --fabric-labels-node)
 
     return NodeLabeller(node)

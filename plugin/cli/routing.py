@@ -37,7 +37,7 @@ class Command(SectionedCommand):
             raise click.ClickException(str(e)) from None
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
-        except Exception as e:  # a bug: say so, with the traceback, and exit 1
+        except Exception as e:  # noqa: BLE001 (a bug: say so, with the traceback, and exit 1)
             click.echo(traceback.format_exc(), err=True, nl=False)
             raise click.ClickException(f"internal error (a bug, please report it with the traceback above): "
                                        f"{type(e).__name__}: {e}") from None

@@ -27,7 +27,7 @@ def dra_factory(settings: Settings) -> DraFactory:
     both from the downward API), the API server through the pod's service account, or the file KUBECONFIG
     names when run outside a pod."""
     v = settings.values
-    from ..dra.network_config import is_ifname
+    from ..dra.network_config import is_ifname  # noqa: PLC0415 (DRA mode only)
 
     if not is_ifname(v["pod_primary_interface"]):
         raise InputError(f"{option_source(settings, 'pod_primary_interface')}: {v['pod_primary_interface']!r} is not "
@@ -38,8 +38,8 @@ def dra_factory(settings: Settings) -> DraFactory:
                          "(fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; the chart does)")
 
     async def make(include: Callable[[Device], bool]) -> DraSide:
-        from ..dra import DraDriver, DraOptions, SliceOptions
-        from ..dra.kubeapi import KubeConfigError, in_cluster_api, kubeconfig_api
+        from ..dra import DraDriver, DraOptions, SliceOptions  # noqa: PLC0415 (DRA mode only: lightkube and the DRA driver)
+        from ..dra.kubeapi import KubeConfigError, in_cluster_api, kubeconfig_api  # noqa: PLC0415 (DRA mode only)
 
         mig, backend, caps = dra_mig(settings)
         try:
@@ -71,8 +71,8 @@ def dra_mig(settings: Settings) -> tuple[Any, Any, Any]:
     A simulated node keeps its MIG instances in a file in the driver's plugin directory
     (`simulated-mig.json`); real GPUs go through NVML, with capability nodes from procfs.
     """
-    from ..dra.mig_devices import DraMig
-    from ..dra.mig_prepare import simulated_caps
+    from ..dra.mig_devices import DraMig  # noqa: PLC0415 (DRA mode only)
+    from ..dra.mig_prepare import simulated_caps  # noqa: PLC0415 (DRA mode only)
 
     v = settings.values
     gpus_text = list(v.get("dra_mig_gpus") or [])
@@ -84,15 +84,15 @@ def dra_mig(settings: Settings) -> tuple[Any, Any, Any]:
     mode = v.get("dra_mig") or "none"
     if mode != "dynamic":
         return DraMig(mode, gpus), None, simulated_caps
-    from ..sources.mig_instances import NvmlMigBackend, SimulatedMigBackend, default_state_path
+    from ..sources.mig_instances import NvmlMigBackend, SimulatedMigBackend, default_state_path  # noqa: PLC0415 (dynamic MIG only)
 
     if v.get("simulate"):
         backend = SimulatedMigBackend
         return (DraMig(mode, gpus, placements=lambda g: backend(os.devnull).placements(g)),
                 lambda plugin_dir: backend(default_state_path(plugin_dir)), simulated_caps)
-    import pynvml
+    import pynvml  # noqa: PLC0415 (real GPUs only: pynvml)
 
-    from ..sources.nvml_mig import CapsReader, caps_attribute
+    from ..sources.nvml_mig import CapsReader, caps_attribute  # noqa: PLC0415 (real GPUs only)
 
     nvml = NvmlMigBackend(pynvml)
     cache: dict[str, Any] = {}

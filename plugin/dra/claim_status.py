@@ -6,7 +6,7 @@ default deadline is 2 s), and the claim status is information for people and
 tools, not something the pod needs to start. So a change is queued and written
 by one task: the latest wanted state per claim wins (a pod started and deleted
 quickly writes once or twice, not a backlog), a failed write is retried with
-growing delays (plugin.watch.health.Backoff) and a claim that is gone (404) is
+growing, jittered delays (plugin.backoff.Backoff) and a claim that is gone (404) is
 dropped. Each write is a server-side apply of all our entries of that claim
 (`KubeApi.apply_claim_status`), so an empty list clears them.
 
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..watch.health import Backoff
+from ..backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class ClaimStatusWriter:
                 delay = backoff.next()
                 log.warning("writing the claim status failed; retrying",
                             extra={"claim": f"{key.namespace}/{key.name}", "error": str(e) or type(e).__name__,
-                                   "retry_in_s": delay})
+                                   "retry_in_s": round(delay, 2)})
                 await asyncio.sleep(delay)
                 continue
             backoff.reset()

@@ -214,9 +214,9 @@ class DraDriver:
             # the NIC side runs, not even the NRI connection. Decided at start: a restart picks up new NICs.
             return None
         from ..netattach import NetAttacher, exists, max_mtu  # noqa: PLC0415 (pyroute2 only where NICs move)
-        from ..nri import NriPlugin  # noqa: PLC0415
-        from .claim_status import ClaimStatusWriter  # noqa: PLC0415
-        from .pod_network import PodNetwork  # noqa: PLC0415
+        from ..nri import NriPlugin  # noqa: PLC0415 (as above)
+        from .claim_status import ClaimStatusWriter  # noqa: PLC0415 (as above)
+        from .pod_network import PodNetwork  # noqa: PLC0415 (as above)
 
         def probe(netdev: str) -> int | None:
             return max_mtu(netdev) if exists(netdev) else None
@@ -235,7 +235,7 @@ class DraDriver:
     def _remove_orphan_specs(self, claims: dict[str, Any]) -> list[str]:
         """Specs left by a crash between writing a claim's spec and recording it (under the checkpoint lock,
         so a prepare of another instance is never caught half-way)."""
-        uids = getattr(self.cdi, "claim_uids", lambda: [])()
+        uids: list[str] = getattr(self.cdi, "claim_uids", lambda: [])()
         orphans = [u for u in uids if u not in claims]
         for u in orphans:
             self.cdi.remove_claim_spec(u)

@@ -138,7 +138,7 @@ def _to_message(pb2: ModuleType, board: HealthBoard) -> object:
 
 
 def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
-    class HealthService(grpc_mod.DRAResourceHealthServicer):  # type: ignore[name-defined,misc]
+    class HealthService(grpc_mod.DRAResourceHealthServicer):  # type: ignore[name-defined]  # base from the module passed in
         def __init__(self, board: HealthBoard):
             self.board = board
 

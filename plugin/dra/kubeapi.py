@@ -131,6 +131,8 @@ class KubeApi:
 
     async def node_uid(self, name: str) -> str:
         node = await _read(lambda: self.client.get(Node, name))
+        if node.metadata is None or not node.metadata.uid:
+            raise ValueError(f"the API server's Node {name} has no metadata.uid")
         return node.metadata.uid
 
     async def list_slices(self, node_name: str, driver: str) -> list[dict[str, Any]]:
@@ -180,9 +182,11 @@ class KubeApi:
         await self.client.close()
 
 
-def _api(load: Callable[[], KubeConfig | SingleConfig], where: str) -> KubeApi:
+def _api(load: Callable[[], KubeConfig | SingleConfig | None], where: str) -> KubeApi:
     try:
         config = load()
+        if config is None:  # lightkube's KubeConfig.get(): no such context and no current-context
+            raise ValueError("no context to use (set current-context in the file or name a context)")
         transport = _transport(config)
     except (ConfigError, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
         raise KubeConfigError(f"{where}: {type(e).__name__}: {e}") from None
@@ -193,6 +197,8 @@ def _transport(config: KubeConfig | SingleConfig) -> httpx2.AsyncHTTPTransport:
     """The client's connection pool with our keep-alive (`LIMITS`). lightkube takes a transport but then
     leaves TLS to it, so the server's CA and the client certificate are set here as lightkube would."""
     single = config.get() if isinstance(config, KubeConfig) else config
+    if single is None:
+        raise ValueError("no context to use (set current-context in the file or name a context)")
     verify = verify_cluster(single.cluster, single.user, single.abs_file) if single.user else True
     return httpx2.AsyncHTTPTransport(verify=verify, limits=LIMITS)
 

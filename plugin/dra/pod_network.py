@@ -69,7 +69,7 @@ class Attacher(Protocol):
 def interface_spec(n: NicNetwork) -> Any:
     """Our checkpoint's record of a NIC as `plugin.netattach.InterfaceSpec` (imported here, not at module
     import: pyroute2 loads only on nodes that attach NICs)."""
-    from ..netattach import InterfaceSpec, RouteSpec  # noqa: PLC0415
+    from ..netattach import InterfaceSpec, RouteSpec  # noqa: PLC0415 (pyroute2 only where NICs move)
 
     return InterfaceSpec(host_name=n.host_name, pod_name=n.pod_name, addresses=n.addresses,
                          routes=tuple(RouteSpec(r.destination, r.gateway) for r in n.routes), mtu=n.mtu,

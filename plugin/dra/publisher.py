@@ -28,6 +28,10 @@ Device health: see plugin/dra/slices.py. If the API server drops the taints
 we send (DRADeviceTaints off, e.g. Kubernetes 1.34), unhealthy devices would
 look healthy; the publisher notices the dropped field in the server's answer,
 logs it once and republishes with unhealthy devices removed instead.
+
+A failed pass is retried after a jittered delay (plugin.backoff: ceilings 2, 4,
+8 ... s up to `max_backoff_s`), so the nodes of a cluster whose API server
+failed for all of them at once do not come back to it in step.
 """
 
 from __future__ import annotations
@@ -40,10 +44,14 @@ from typing import Any
 
 from allocator.topology import NodeTopology
 
+from ..backoff import Backoff
 from ..watch.event_wait import wait_event
 from .slices import SliceOptions, build_resource_slices
 
 log = logging.getLogger(__name__)
+
+#: The first failed pass's retry ceiling (it doubles with each failure in a row, up to `max_backoff_s`).
+FIRST_RETRY_S = 2.0
 
 
 def _normalized(obj: Any) -> Any:
@@ -75,6 +83,7 @@ class SlicePublisher:
         self.options = options
         self.resync_s = resync_s
         self.max_backoff_s = max_backoff_s
+        self._backoff = Backoff(FIRST_RETRY_S, max_backoff_s)
         #: Least time between the starts of two passes (see the module docstring: coalescing bursts).
         self.min_interval_s = min_interval_s
         self._topology: NodeTopology | None = None
@@ -146,16 +155,17 @@ class SlicePublisher:
             try:
                 await self.reconcile()
                 self.failures, self.last_error = 0, None
+                self._backoff.reset()
                 self.successes += 1
                 delay = self.resync_s
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 (API, network, auth: retry with backoff, never die)
                 self.failures += 1
-                delay = min(self.max_backoff_s, 2.0 ** min(self.failures, 6))
-                self.last_error, self.retry_s = f"{type(e).__name__}: {e}", delay
+                delay = self._backoff.next()
+                self.last_error, self.retry_s = f"{type(e).__name__}: {e}", round(delay, 2)
                 log.warning("publishing ResourceSlices failed; retrying",
-                            extra={"error": self.last_error, "retry_s": delay, "failures": self.failures})
+                            extra={"error": self.last_error, "retry_s": self.retry_s, "failures": self.failures})
             self.passes += 1
             if await wait_event(self._wake, delay):
                 # Woken by a change: let the rest of a burst gather; the pass after the wait sees the latest.

@@ -49,7 +49,7 @@ SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
 
 def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
-    class DraService(grpc_mod.DRAPluginServicer):  # type: ignore[name-defined,misc]
+    class DraService(grpc_mod.DRAPluginServicer):  # type: ignore[name-defined]  # base from the module passed in (v1, v1beta1)
         def __init__(self, preparer: ClaimPreparer):
             self.preparer = preparer
 
@@ -62,10 +62,11 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
 
         async def NodePrepareResources(self, request, context):  # noqa: N802 (gRPC names)
             refs = await self._claims(request, context)
-            results, good = _checked_uids(refs)
+            refused, good = _checked_uids(refs)
+            results: dict[str, object] = dict(refused)
             try:
                 results.update(await self.preparer.prepare_many(good))  # batched; stops when the kubelet has gone
-            except Exception as e:  # noqa: BLE001 (a request must never take the driver down)
+            except Exception as e:  # a request must never take the driver down
                 log.exception("prepare failed unexpectedly", extra={"claims": len(good)})
                 results.update({r.uid: e for r in good})
             resp = pb2.NodePrepareResourcesResponse()
@@ -78,12 +79,13 @@ def _servicer(pb2: ModuleType, grpc_mod: ModuleType, version: str) -> type:
                 return pb2.NodePrepareResourceResponse(error=_claim_error("prepare", ref, prepared, version))
             return pb2.NodePrepareResourceResponse(devices=[_device(pb2, d) for d in prepared.devices])
 
-        async def NodeUnprepareResources(self, request, context):  # noqa: N802
+        async def NodeUnprepareResources(self, request, context):  # noqa: N802 (gRPC names)
             refs = await self._claims(request, context)
-            results, good = _checked_uids(refs)
+            refused, good = _checked_uids(refs)
+            results: dict[str, Exception | None] = dict(refused)
             try:
                 results.update(await self.preparer.unprepare_many(good))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # a request must never take the driver down
                 log.exception("unprepare failed unexpectedly", extra={"claims": len(good)})
                 results.update({r.uid: e for r in good})
             resp = pb2.NodeUnprepareResourcesResponse()
@@ -109,10 +111,10 @@ def _device(pb2: ModuleType, d: Any) -> Any:
     return msg
 
 
-def _checked_uids(refs: list[ClaimRef]) -> tuple[dict[str, object], list[ClaimRef]]:
+def _checked_uids(refs: list[ClaimRef]) -> tuple[dict[str, BadClaimUid], list[ClaimRef]]:
     """({uid: BadClaimUid} for the claims whose UID cannot name a file, the other claims): a bad UID is
     refused before any work, so nothing of it reaches the checkpoint or the CDI directory."""
-    refused: dict[str, object] = {}
+    refused: dict[str, BadClaimUid] = {}
     good: list[ClaimRef] = []
     for ref in refs:
         try:
@@ -160,11 +162,11 @@ class RegistrationService(reg_grpc.RegistrationServicer):
         #: (registered, error) of the last NotifyRegistrationStatus; None before the first.
         self.status: tuple[bool, str] | None = None
 
-    async def GetInfo(self, request, context):  # noqa: N802
+    async def GetInfo(self, request, context):  # noqa: N802 (gRPC names)
         return reg_pb2.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint,
                                   supported_versions=list(self.services))
 
-    async def NotifyRegistrationStatus(self, request, context):  # noqa: N802
+    async def NotifyRegistrationStatus(self, request, context):  # noqa: N802 (gRPC names)
         self.status = (request.plugin_registered, request.error)
         if request.plugin_registered:
             log.info("registered with the kubelet", extra={"driver": self.driver, "endpoint": self.endpoint})

@@ -42,7 +42,7 @@ import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from allocator.topology import Device, DeviceKind
 
@@ -51,6 +51,12 @@ from .claim_config import opaque_configs
 from .gpu_config import GpuConfigError, Interval, config_for_request, gpu_configs
 
 log = logging.getLogger(__name__)
+
+
+def _uuid(gpu: Device) -> str:
+    """The GPU's UUID: every GPU the driver serves has one (NVML's, or model/identity.py's when simulated)."""
+    return cast(str, gpu.uuid)
+
 
 #: The simulated backend's file, beside the checkpoint in the driver's plugin directory.
 SIMULATED_STATE_FILE = "simulated-gpu-settings.json"
@@ -91,9 +97,9 @@ class SimulatedTimeSlice:
             except ValueError:  # an unreadable file (edited by hand): start it afresh, it only mirrors settings
                 state = {}
             if interval is Interval.DEFAULT:
-                state.pop(gpu.uuid, None)
+                state.pop(_uuid(gpu), None)
             else:
-                state[gpu.uuid] = {"index": gpu.index, "computeMode": "Default", "timeslice": interval.value}
+                state[_uuid(gpu)] = {"index": gpu.index, "computeMode": "Default", "timeslice": interval.value}
             try:
                 replace_file(self.path, json.dumps(state, indent=2, sort_keys=True) + "\n", mode=0o644,
                              prefix=".gpu-settings-", durable=False)
@@ -134,7 +140,7 @@ class NvidiaSmiTimeSlice:
             return None
         try:
             return int(nv.nvmlDeviceGetComputeMode(nv.nvmlDeviceGetHandleByUUID(gpu.uuid)))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 (as above)
             log.debug("compute mode not checked", extra={"gpu": gpu.name, "reason": str(e)})
             return None
         finally:
@@ -144,7 +150,7 @@ class NvidiaSmiTimeSlice:
                 pass
 
     def command(self, gpu: Device, interval: Interval) -> list[str]:
-        return [self.nvidia_smi, "compute-policy", "-i", gpu.uuid, f"--set-timeslice={interval.code}"]
+        return [self.nvidia_smi, "compute-policy", "-i", _uuid(gpu), f"--set-timeslice={interval.code}"]
 
     def apply(self, gpu: Device, interval: Interval) -> None:
         if interval is not Interval.DEFAULT:
@@ -223,20 +229,23 @@ class GpuSharing:
         for name, dev, requests in allocated:
             for request in full.get(name) or requests or [""]:
                 found = config_for_request(parsed, request)
-                if found is None or found[1].timeslice is None:
+                if found is None:
                     continue
                 entry, cfg = found
+                timeslice = cfg.timeslice
+                if timeslice is None:
+                    continue
                 if dev.kind is not DeviceKind.GPU:
                     if entry.requests:  # it names this request: a mistake worth saying
                         raise SharingRefused(
                             f"{cfg.where}: GpuConfig applies to request {request!r}, which got {name} "
                             f"({dev.kind.value}), not a full GPU (fix: list only GPU requests in its requests)")
                     continue  # a config for every request: NICs have nothing to time-slice
-                if name in out and out[name] is not cfg.timeslice:
-                    raise SharingRefused(f"{cfg.where}: {name} gets interval {cfg.timeslice.value} through request "
+                if name in out and out[name] is not timeslice:
+                    raise SharingRefused(f"{cfg.where}: {name} gets interval {timeslice.value} through request "
                                          f"{request!r} and {out[name].value} through another request of the claim "
                                          "(fix: one interval per GPU)")
-                out[name] = cfg.timeslice
+                out[name] = timeslice
         return out
 
     def admit(self, uid: str, wanted: Mapping[str, Interval], devices: Mapping[str, Device],

@@ -61,7 +61,7 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise ComposerError(None, None, "YAML aliases (*name) are not accepted", mark)
@@ -124,7 +124,7 @@ class SchemaProblem:
 def first_schema_error(schema: dict[str, Any], data: Any, root: yaml.Node | None) -> SchemaProblem | None:
     """The first (by path) way `data` breaks `schema`, with a short message and its line."""
     try:
-        import jsonschema  # here, not at the top: see the module docstring
+        import jsonschema  # noqa: PLC0415 (here, not at the top: see the module docstring)
 
         errors: Iterable[jsonschema.ValidationError] = jsonschema.Draft202012Validator(schema).iter_errors(data)
         first = min(errors, key=lambda e: list(e.absolute_path), default=None)

@@ -184,7 +184,7 @@ def render_dot(topology: NodeTopology) -> str:
             lines.append(f'  "{a}" -- "{b}" [label="{link.label}", penwidth={min(1 + link.nvlinks / 3, 6):.1f}];')
         elif link.level.name in ("PIX", "PXB", "PHB"):
             lines.append(f'  "{a}" -- "{b}" [label="{link.label}", style=dashed];')
-    for g, n in complex_pairs(topology):
-        lines.append(f'  "{g.name}" -- "{n.name}" [label="complex {g.complex}", style=bold, color=darkgreen];')
+    for gpu, nic in complex_pairs(topology):
+        lines.append(f'  "{gpu.name}" -- "{nic.name}" [label="complex {gpu.complex}", style=bold, color=darkgreen];')
     lines.append("}")
     return "\n".join(lines) + "\n"

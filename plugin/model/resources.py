@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from allocator.policies import prepare_tables
+from allocator.policies import SubsetTableCache, prepare_tables
 from allocator.subdevices import child_graph
 from allocator.topology import Device, DeviceGraph, DeviceKind, NodeTopology
 
@@ -106,7 +106,6 @@ def _resource(
     graph = DeviceGraph.from_topology(topology, [d for _, d, _ in members], [i for i, _, _ in members])
     # NUMA in the graph follows what is advertised (an excluded topology means no NUMA preference).
     graph = DeviceGraph(graph.ids, tuple(n for _, _, n in members), graph.weights, graph.ports)
-    prepare_tables(policy, graph)  # built here (off the RPC path), not by the first request
     return Resource(name, kind, devs, policy, graph, builder, dict(policy_options or {}))
 
 
@@ -207,8 +206,12 @@ def _with_cdi(resource: Resource, options: ResourceOptions) -> Resource:
     return replace(resource, builder=builder, cdi_spec=spec)
 
 
-def build_resources(topology: NodeTopology, options: ResourceOptions) -> list[Resource]:
+def build_resources(topology: NodeTopology, options: ResourceOptions,
+                    tables: SubsetTableCache | None = None) -> list[Resource]:
     """The resources to serve for `topology`; resources with no device are left out.
+
+    With `tables` (the cache the policies answering these resources look up), what each resource's
+    policy looks up is built now, off the RPC path, not by the first request.
 
     Raises `InputError`s for what the options cannot serve on this node (a MIG
     layout that does not fit the strategy, a time-slicing entry).
@@ -223,4 +226,7 @@ def build_resources(topology: NodeTopology, options: ResourceOptions) -> list[Re
                           "sharing.timeSlicing.resources[].rename)")
     if options.gpu_allocate.writes_specs:
         out = [_with_cdi(r, options) for r in out]
+    if tables is not None:
+        for r in out:
+            prepare_tables(r.policy, r.graph, tables)
     return out

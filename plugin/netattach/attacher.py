@@ -115,8 +115,8 @@ class NetAttacher:
     def _finish_attach(self, uid: str, pod: PodRecord) -> list[Attached]:
         """Attach every spec of `pod` not yet done (resuming from the recorded step); all or nothing."""
         wanted = {s.host_name: s for s in pod.specs}
-        for entry in [e for e in pod.entries if wanted.get(e.attached.spec.host_name) != e.attached.spec]:
-            self._undo_entry(uid, pod, entry)  # recorded for a spec no longer asked for
+        for stale in [e for e in pod.entries if wanted.get(e.attached.spec.host_name) != e.attached.spec]:
+            self._undo_entry(uid, pod, stale)  # recorded for a spec no longer asked for
         try:
             for spec in pod.specs:
                 entry = next((e for e in pod.entries if e.attached.spec.host_name == spec.host_name), None)

@@ -70,7 +70,7 @@ def blocking(fn: Callable[P, R]) -> Callable[P, R]:
         def run() -> None:
             try:
                 result.append(fn(*args, **kwargs))
-            except BaseException as e:  # handed to the caller's thread
+            except BaseException as e:  # noqa: BLE001 (handed to the caller's thread)
                 error.append(e)
 
         t = threading.Thread(target=run, name=f"netattach-{fn.__name__}", daemon=True)
@@ -103,7 +103,7 @@ class Link:
     perm_address: str = ""
 
 
-def _link(msg) -> Link:  # type: ignore[no-untyped-def]
+def _link(msg) -> Link:
     return Link(index=int(msg["index"]), name=str(msg.get("IFLA_IFNAME")), mtu=int(msg.get("IFLA_MTU") or 0),
                 min_mtu=int(msg.get("IFLA_MIN_MTU") or 0), max_mtu=int(msg.get("IFLA_MAX_MTU") or 0),
                 address=str(msg.get("IFLA_ADDRESS") or "").lower(), up=bool(msg["flags"] & IFF_UP),
@@ -266,7 +266,7 @@ def _configure(att: Attached, ns_fd: int, progress: Progress | None, state: list
         step("routes")
         for r in spec.routes:
             net = ipaddress.ip_network(r.destination, strict=False)
-            route = {"oif": link.index, "family": _family(net.network_address), "dst_len": net.prefixlen}
+            route: dict[str, int | str] = {"oif": link.index, "family": _family(net.network_address), "dst_len": net.prefixlen}
             if net.prefixlen:
                 route["dst"] = str(net.network_address)
             if r.gateway is not None:
@@ -311,11 +311,11 @@ def apply(att: Attached, progress: Progress | None = None) -> Attached:
     try:
         _configure(att, ns_fd, progress, state)
     except _RecordFailed as e:
-        raise e.__cause__ from None  # type: ignore[misc]
+        raise (e.__cause__ or e) from None  # _RecordFailed is always raised from the failure it records
     except Exception as e:
         try:
             detach(att, settle_s=0)
-        except Exception as undo:  # the original failure is what the caller needs; the undo's goes to the log
+        except Exception as undo:  # noqa: BLE001 (the original failure is what the caller needs; the undo's goes to the log)
             log.error("undoing a failed attachment failed",
                       extra={"interface": att.spec.host_name, "netns": att.netns, "error": str(undo)})
         raise AttachError(state[0], att.spec.host_name, _why(e)) from e

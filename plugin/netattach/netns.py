@@ -63,7 +63,8 @@ def is_same_netns(path: str, ident: tuple[int, int]) -> bool:
 
 def socket_in(ns_fd: int, proto: int = NETLINK_ROUTE) -> socket.socket:
     """A netlink socket of protocol `proto` created inside the namespace `ns_fd` (see the module doc)."""
-    result: dict[str, object] = {}
+    made: list[socket.socket] = []
+    failed: list[BaseException] = []
 
     def run() -> None:
         try:
@@ -71,14 +72,14 @@ def socket_in(ns_fd: int, proto: int = NETLINK_ROUTE) -> socket.socket:
                 err = ctypes.get_errno()
                 raise OSError(err, f"setns into the network namespace: {os.strerror(err)}"
                               + (" (needs CAP_SYS_ADMIN)" if err == errno.EPERM else ""))
-            result["sock"] = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, proto)
-        except BaseException as e:  # handed to the caller's thread
-            result["error"] = e
+            made.append(socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, proto))
+        except BaseException as e:  # noqa: BLE001 (handed to the caller's thread)
+            failed.append(e)
 
     # A fresh thread, never one of a pool: it ends inside the pod's namespace and nobody reuses it.
     t = threading.Thread(target=run, name="netns-socket", daemon=True)
     t.start()
     t.join()
-    if "error" in result:
-        raise result["error"]  # type: ignore[misc]
-    return result["sock"]  # type: ignore[return-value]
+    if failed:
+        raise failed[0]
+    return made[0]

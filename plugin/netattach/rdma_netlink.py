@@ -133,7 +133,7 @@ class RdmaNetlink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _exchange(self, request_of_seq) -> list[bytes]:  # type: ignore[no-untyped-def]
+    def _exchange(self, request_of_seq) -> list[bytes]:
         """Send one request, collect the payloads answered for its sequence number until it is complete."""
         seq = next(self._seq)
         request = request_of_seq(seq)

@@ -21,7 +21,7 @@ that raises becomes the event's error answer, so containerd fails that step.
 
 The connection comes and goes with containerd: when the socket is missing or
 the connection drops, NriPlugin retries with a capped exponential backoff
-(plugin.watch.health.Backoff), registers again and receives a fresh
+with full jitter (plugin.backoff.Backoff), registers again and receives a fresh
 Synchronize. Nothing here raises into the daemon.
 """
 
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from plugin.api.nri.v1alpha1 import api_pb2 as nri
+from plugin.backoff import Backoff
 from plugin.errors import InputError
 from plugin.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Multiplexer
 from plugin.nri.ttrpc import Code, Endpoint, StatusError
-from plugin.watch.health import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class NriPlugin:
                 await self._session(reader, writer)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - whatever the runtime does, the daemon stays up
+            except Exception as exc:  # whatever the runtime does, the daemon stays up
                 me = asyncio.current_task()
                 if me is not None and me.cancelling():
                     # stop() came while the session was failing: a TaskGroup then raises the failure

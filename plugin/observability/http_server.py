@@ -202,7 +202,7 @@ class BoundedHTTPServer:
                 sock.close()
                 self.on_drop("full")
                 return
-            self._cut(min(waiting, key=lambda c: c.waiting_since), "evicted")  # type: ignore[arg-type, return-value]
+            self._cut(min(waiting, key=lambda c: c.waiting_since or 0.0), "evicted")  # all waiting: never None
         conn = _Connection(sock, h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes),
                            waiting_since=loop.time())
         self._conns.add(conn)
@@ -233,7 +233,7 @@ class BoundedHTTPServer:
         writer: asyncio.StreamWriter | None = None
         try:
             reader, writer = await asyncio.open_connection(sock=conn.sock, limit=2 * self.limits.max_header_bytes)
-            conn.transport = writer.transport  # type: ignore[assignment]
+            conn.transport = writer.transport  # type: ignore[assignment]  # a StreamWriter's transport is a Transport; typeshed says BaseTransport
             # drain() then waits until the kernel has every byte: no response piles up in our buffers
             writer.transport.set_write_buffer_limits(high=0)
             loop = asyncio.get_running_loop()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from allocator import NodeTopology, Policy
+from allocator.policies import SubsetTableCache, get_policy
 
 from ..allocation.pairing_service import PairingService
 from ..allocation.pod_resources import PodResourcesReader
@@ -56,10 +58,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def default_policy_factory(name: str, options: dict) -> Policy:
-    from allocator.policies import get_policy
-
-    return get_policy(name, **options)
+def default_policy_factory(name: str, options: dict, tables: SubsetTableCache | None = None) -> Policy:
+    return get_policy(name, tables=tables, **options)
 
 
 class Daemon:
@@ -68,7 +68,7 @@ class Daemon:
         source: TopologySource,
         options: DaemonOptions,
         resource_options: ResourceOptions,
-        policy_factory: PolicyFactory = default_policy_factory,
+        policy_factory: PolicyFactory | None = None,
         metrics: Metrics | None = None,
         reload_resources: Callable[[], ResourceOptions] | None = None,
         clock: Callable[[], float] = time.monotonic,  # the pairing window's clock (tests drive it)
@@ -77,7 +77,11 @@ class Daemon:
         self.source = source
         self.options = options
         self.resource_options = resource_options
-        self.policy_factory = policy_factory
+        #: The subset tables of this daemon's resources (allocator.policies.subsets): filled when the
+        #: resources are built, read by their policies, reused across rebuilds of the same topology.
+        self.subset_tables = SubsetTableCache()
+        self.policy_factory: PolicyFactory = policy_factory or functools.partial(
+            default_policy_factory, tables=self.subset_tables)
         self.reload_resources = reload_resources
         self.metrics = metrics or Metrics()
         self.servers: dict[str, ResourceServer] = {}
@@ -154,7 +158,7 @@ class Daemon:
     async def _serve(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> int:
         self.topology = await asyncio.to_thread(self.source.load)
         await asyncio.to_thread(release_free_heap, "discovery")
-        resources, dra_resources = split(build_resources(self.topology, self.resource_options),
+        resources, dra_resources = split(build_resources(self.topology, self.resource_options, self.subset_tables),
                                          self.resource_options.dra_resources)
         self.pairing.rebuild(self.topology, {r.name: r.devices for r in resources})
         log.info("topology discovered", extra={"source": self.source.description,
@@ -205,7 +209,7 @@ class Daemon:
         if self.options.metrics_address:
             # Imported here, at start-up and only when configured: the HTTP server and h11 cost memory
             # a daemon without the endpoint does not need (docs/deployment.md, "Memory").
-            from ..observability.health_endpoint import HealthServer
+            from ..observability.health_endpoint import HealthServer  # noqa: PLC0415 (see above)
 
             self.health_server = HealthServer(self.options.metrics_address, self.metrics, self.ready)
             await self.health_server.start()
@@ -311,7 +315,7 @@ class Daemon:
 
     async def _apply_topology(self, topology: NodeTopology) -> None:
         try:
-            built = await _build_off_loop(topology, self.resource_options, "topology change")
+            built = await _build_off_loop(topology, self.resource_options, self.subset_tables, "topology change")
         except InputError as e:
             log.warning("new topology ignored", extra={"reason": str(e)})
             return
@@ -355,8 +359,11 @@ class Daemon:
 
     async def _reload_config(self) -> None:
         """Apply a changed config file: pools and policies change live; streams of unchanged resources stay."""
+        reload = self.reload_resources
+        if reload is None:  # callers check first (SIGHUP, the config file watcher): nothing to reload
+            return
         try:
-            options = await asyncio.to_thread(self.reload_resources)
+            options = await asyncio.to_thread(reload)
         except InputError as e:  # ConfigError, NicPoolError, OptionError: name the file, field and fix
             log.warning("config change ignored; keeping the running configuration",
                         extra={"config": self.options.config_path, "reason": str(e)})
@@ -371,7 +378,7 @@ class Daemon:
             # answered meanwhile); options this node cannot serve (a MIG layout, a time-slicing
             # entry) are refused whole.
             try:
-                built = await _build_off_loop(topology, options, "config change")
+                built = await _build_off_loop(topology, options, self.subset_tables, "config change")
             except InputError as e:
                 log.warning("config change ignored; keeping the running configuration",
                             extra={"config": self.options.config_path, "reason": str(e)})
@@ -391,16 +398,18 @@ class Daemon:
 
 
 
-def _build(topology: NodeTopology, options: ResourceOptions) -> tuple[list[Resource], list[Resource]]:
-    """(device-plugin resources, DRA resources) for `topology`; run in a thread, it touches no daemon state."""
-    return split(build_resources(topology, options), options.dra_resources)
+def _build(topology: NodeTopology, options: ResourceOptions,
+           tables: SubsetTableCache) -> tuple[list[Resource], list[Resource]]:
+    """(device-plugin resources, DRA resources) for `topology`; run in a thread, it touches no daemon state
+    but the subset tables (a thread-safe cache)."""
+    return split(build_resources(topology, options, tables), options.dra_resources)
 
 
-async def _build_off_loop(topology: NodeTopology, options: ResourceOptions,
+async def _build_off_loop(topology: NodeTopology, options: ResourceOptions, tables: SubsetTableCache,
                           cause: str) -> tuple[list[Resource], list[Resource]]:
     """`_build` in a worker thread: thousands of replicas take a while, and the loop keeps answering meanwhile."""
     log.debug("building resources", extra={"cause": cause})
-    built = await asyncio.to_thread(_build, topology, options)
+    built = await asyncio.to_thread(_build, topology, options, tables)
     log.debug("resources built", extra={"cause": cause, "devices": sum(len(r.devices) for r in built[0])})
     return built
 

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 from allocator.topology import Device
 
+from ..backoff import Backoff
 from ..sources.fabric_labels import CLIQUE_LABEL, clique_of
-from ..watch.health import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,12 @@ class _LightkubeNodeApi:
         self.client = client
 
     async def patch_labels(self, node: str, labels: dict[str, str | None]) -> None:
-        from lightkube.resources.core_v1 import Node  # noqa: PLC0415
-        from lightkube.types import PatchType  # noqa: PLC0415
+        from lightkube.resources.core_v1 import Node  # noqa: PLC0415 (lightkube only with --fabric-labels-node)
+        from lightkube.types import PatchType  # noqa: PLC0415 (as above)
 
-        import httpx2  # noqa: PLC0415
+        import httpx2  # noqa: PLC0415 (as above)
 
-        from ..dra.kubeapi import KubeApiError  # noqa: PLC0415
+        from ..dra.kubeapi import KubeApiError  # noqa: PLC0415 (as above)
 
         try:
             await self.client.patch(Node, node, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE)
@@ -77,7 +77,7 @@ async def connect_node_api() -> NodeLabelApi:
 
     Raises `plugin.dra.kubeapi.KubeConfigError` naming what is missing.
     """
-    from ..dra.kubeapi import in_cluster_api, kubeconfig_api  # noqa: PLC0415
+    from ..dra.kubeapi import in_cluster_api, kubeconfig_api  # noqa: PLC0415 (lightkube only with --fabric-labels-node)
 
     if os.environ.get("KUBERNETES_SERVICE_HOST") or not os.environ.get("KUBECONFIG"):
         api = await in_cluster_api()
@@ -129,7 +129,7 @@ class NodeLabeller:
                 except Exception as e:  # noqa: BLE001 - the API server's or the network's failure: retried
                     delay = backoff.next()
                     log.warning("cannot set the node's fabric clique label; retrying",
-                                extra={"node": self.node, "reason": f"{type(e).__name__}: {e}", "retry_s": delay,
+                                extra={"node": self.node, "reason": f"{type(e).__name__}: {e}", "retry_s": round(delay, 2),
                                        "fix": "check that the API server is reachable and the service account "
                                               "may get and patch nodes (chart: fabricLabels.node)"})
                     await asyncio.sleep(delay)

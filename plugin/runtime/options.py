@@ -24,8 +24,8 @@ class DaemonOptions:
     #: After ending a stream a live kubelet still holds, wait this long before registering again,
     #: so the kubelet handles the disconnect first (kubernetes #121994).
     stream_end_grace_s: float = 1.0
-    #: First retry delay after a resource failed to serve or to register (per resource; doubles up
-    #: to `retry_max_s`).
+    #: First retry ceiling after a resource failed to serve or to register (per resource; doubles up
+    #: to `retry_max_s`; each delay is drawn below it: plugin/backoff.py).
     retry_initial_s: float = 0.2
     retry_max_s: float = 10.0
     #: Slow re-check while kubelet.sock is missing, in case an inotify event is lost.

@@ -36,7 +36,7 @@ class LoopSignals:
         self._rsock, self._wsock = socket.socketpair()
         for s in (self._rsock, self._wsock):
             s.setblocking(False)
-        self._previous: dict[signal.Signals, object] = {}
+        self._previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
         loop.add_reader(self._rsock.fileno(), self._drain)
         self._previous_wakeup_fd = signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
         for sig in self._handlers:
@@ -55,7 +55,8 @@ class LoopSignals:
 
     def close(self) -> None:
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)  # type: ignore[arg-type]
+            if previous is not None:  # None: the handler was not installed from Python, nothing to put back
+                signal.signal(sig, previous)
         self._previous.clear()
         signal.set_wakeup_fd(self._previous_wakeup_fd)
         with contextlib.suppress(Exception):

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 
+from ..backoff import Backoff
 from ..observability.metrics import Metrics
 from ..serving.registration import KUBELET_SOCKET, RegistrationError, SocketIdentity, register, socket_identity
 from ..serving.server import ResourceServer
@@ -27,21 +28,19 @@ log = logging.getLogger("plugin.runtime.daemon")
 
 
 class _Retry:
-    """One resource's backoff: each resource fails and retries on its own."""
+    """One resource's backoff: each resource fails and retries on its own (jittered: plugin.backoff)."""
 
     def __init__(self, initial_s: float, max_s: float):
-        self.initial_s = initial_s
-        self.max_s = max_s
-        self.delay = 0.0
+        self.backoff = Backoff(initial_s, max_s)
         self.not_before = 0.0
 
     def failed(self, now: float) -> float:
-        self.delay = self.initial_s if self.delay == 0 else min(self.delay * 2, self.max_s)
-        self.not_before = now + self.delay
-        return self.delay
+        delay = self.backoff.next()
+        self.not_before = now + delay
+        return delay
 
     def succeeded(self) -> None:
-        self.delay = 0.0
+        self.backoff.reset()
         self.not_before = 0.0
 
     def due(self, now: float) -> bool:
@@ -137,7 +136,7 @@ class Supervisor:
         """Serve one resource; a failure is logged and retried later for this resource alone."""
         try:
             await s.start()
-        except Exception as e:  # OSError, or RuntimeError from gRPC's bind
+        except Exception as e:  # noqa: BLE001 (OSError, or RuntimeError from gRPC's bind)
             delay = self._retry(s.name).failed(asyncio.get_running_loop().time())
             log.warning("cannot serve resource; will retry", extra={
                 "resource": s.name, "socket": s.socket_path, "reason": f"{type(e).__name__}: {e}",
@@ -167,7 +166,7 @@ class Supervisor:
         try:
             await register(self.kubelet_socket, os.path.basename(s.socket_path), s.name,
                            slow_after=self.options.register_timeout_s)
-        except Exception as e:  # RegistrationError: the kubelet's reason; anything else is ours, still retried
+        except Exception as e:  # noqa: BLE001 (RegistrationError: the kubelet's reason; anything else is ours, still retried)
             self.metrics.registration_failures.labels(s.name).inc()
             now_kubelet = socket_identity(self.kubelet_socket)
             if now_kubelet is not None and now_kubelet != kubelet:

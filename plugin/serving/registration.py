@@ -22,6 +22,7 @@ from collections.abc import Callable
 import grpc
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 from ..api import api_pb2, api_pb2_grpc
 
@@ -106,7 +107,7 @@ class PluginDirWatcher(FileSystemEventHandler):
         self._loop = loop
         self._on_kubelet_socket = on_kubelet_socket
         self._on_socket_removed = on_socket_removed
-        self._observer: Observer | None = None
+        self._observer: BaseObserver | None = None
         self._lock = threading.Lock()
 
     def _post(self, fn: Callable, *args: object) -> None:

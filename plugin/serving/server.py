@@ -19,7 +19,6 @@ import asyncio
 import functools
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -169,7 +168,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._metrics.rpc("GetDevicePluginOptions", self._resource.name)
         return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-    async def ListAndWatch(self, request, context) -> AsyncIterator[api_pb2.ListAndWatchResponse]:  # noqa: N802
+    def _changed_since(self, seen: int) -> bool:
+        """Whether ListAndWatch has something to send: closing, or devices newer than version `seen`."""
+        return self._closing or self._version != seen
+
+    async def ListAndWatch(self, request, context) -> AsyncIterator[api_pb2.ListAndWatchResponse]:  # noqa: N802 (gRPC names)
         self._metrics.rpc("ListAndWatch", self._resource.name)
         self.active_streams += 1
         log.info("ListAndWatch stream opened", extra={"resource": self._resource.name,
@@ -178,7 +181,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             seen = -1
             while True:
                 async with self._changed:
-                    await self._changed.wait_for(lambda seen=seen: self._closing or self._version != seen)
+                    await self._changed.wait_for(functools.partial(self._changed_since, seen))
                     if self._closing:
                         if self._send_empty_on_close:
                             yield api_pb2.ListAndWatchResponse()
@@ -192,39 +195,19 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                                                           "streams": self.active_streams})
 
     @_refusing(api_pb2.PreferredAllocationResponse)
-    async def GetPreferredAllocation(self, request, context):  # noqa: N802
+    async def GetPreferredAllocation(self, request, context):  # noqa: N802 (gRPC names)
         resource, policy = self._resource, self._policy
         self._metrics.rpc("GetPreferredAllocation", resource.name)
-        started = time.perf_counter()
-        graph = resource.graph
-        devices = len(resource.devices)
         try:
-            preferred.check_shape(request, devices)
-            # Recorded at arrival: the call may end the current group (spec, "Groups").
-            partners = await self._handling.pairing.partners(resource.name)
-            if preferred.on_loop(request, devices):
-                # Provably cheap (bounded: `plugin.allocation.preferred`): answered here, no thread hand-off.
-                results = preferred.answer_here(policy, graph, request, partners)
-                share = (time.perf_counter() - started) / len(results)
-                return self._preferred_response(resource.name, request, results, [share] * len(results), "loop")
-            # The deadline counts from arrival: time spent waiting for a worker is part of it.
-            budget = self._handling.deadline_s
-            client_left = context.time_remaining()
-            if client_left is not None:
-                budget = min(budget, client_left)
-            deadline = time.monotonic() + budget
-            pool = self._handling.search
-            requests, first = await pool.run(preferred.validate_and_search_first, policy, graph, request, partners)
+            # How it is answered (shape, partners, loop or pool, deadline): plugin.allocation.preferred.
+            found = await preferred.answer(
+                policy, resource.graph, request, len(resource.devices),
+                partners=functools.partial(self._handling.pairing.partners, resource.name),
+                pool=self._handling.search, deadline_s=self._handling.deadline_s,
+                client_left_s=context.time_remaining)
         except AllocationError as e:
             self._reject("GetPreferredAllocation", str(e))
-        results = [first]
-        elapsed = [time.perf_counter() - started]
-        for req in requests[1:]:
-            started = time.perf_counter()
-            # Later container requests share what is left of the whole-request deadline (`plugin.allocation.preferred`).
-            results.append(await pool.run(preferred.search, policy, graph, req, deadline))
-            elapsed.append(time.perf_counter() - started)
-        return self._preferred_response(resource.name, request, results, elapsed, "pool")
+        return self._preferred_response(resource.name, request, found.results, found.seconds, found.where)
 
     def _preferred_response(self, name: str, request: api_pb2.PreferredAllocationRequest, results: list[Allocation],
                             seconds: list[float], where: str) -> api_pb2.PreferredAllocationResponse:
@@ -244,7 +227,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return resp
 
     @_refusing(api_pb2.AllocateResponse)
-    async def Allocate(self, request, context):  # noqa: N802
+    async def Allocate(self, request, context):  # noqa: N802 (gRPC names)
         resource = self._resource
         self._metrics.rpc("Allocate", resource.name)
         table = resource.by_id()
@@ -294,7 +277,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return resp
 
     @_refusing(api_pb2.PreStartContainerResponse)
-    async def PreStartContainer(self, request, context):  # noqa: N802
+    async def PreStartContainer(self, request, context):  # noqa: N802 (gRPC names)
         self._metrics.rpc("PreStartContainer", self._resource.name)
         table = self._resource.by_id()
         if len(request.devices_ids) > len(table):

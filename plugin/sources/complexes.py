@@ -210,8 +210,8 @@ class _Classifier:
                 by_numa_nic.setdefault(numa, []).append(pf.bdf)
         for numa, gs in sorted(by_numa_gpu.items()):
             ns = sorted(by_numa_nic.get(numa, []))
-            for i, (g, pf) in enumerate(zip(sorted(gs, key=lambda d: d.pci_bus_id or ""), ns)):
-                self.complexes.append((f"numa{numa}-{i}", ComplexKind.CPU_ROOT, [g.name], [pf]))
+            for i, (g, nic) in enumerate(zip(sorted(gs, key=lambda d: d.pci_bus_id or ""), ns)):
+                self.complexes.append((f"numa{numa}-{i}", ComplexKind.CPU_ROOT, [g.name], [nic]))
 
     def report(self) -> ComplexReport:
         members: dict[str, tuple[str, ComplexKind]] = {}

@@ -221,7 +221,7 @@ class HardwareSource:
 
             kw: dict[str, Any] = {}
             if isinstance(o.gpu_health, Mapping):  # the config file's `gpus.health` section
-                from ..watch.health import GpuHealthOptions  # noqa: PLC0415
+                from ..watch.health import GpuHealthOptions  # noqa: PLC0415 (as above)
 
                 kw["health"] = GpuHealthOptions.from_config(o.gpu_health)
             elif o.gpu_health is not None:
@@ -235,7 +235,7 @@ class HardwareSource:
         self._warned: set[str] = set()
         self.labels: FabricLabelFile | None = None
         if o.fabric_labels_file:
-            from .fabric_labels import FabricLabelFile  # noqa: PLC0415
+            from .fabric_labels import FabricLabelFile  # noqa: PLC0415 (only with a fabric labels file)
 
             self.labels = FabricLabelFile(o.fabric_labels_file)
 

@@ -61,7 +61,7 @@ class UdevMonitor:
 
     def __init__(self, subsystems: Sequence[str] = SUBSYSTEMS):
         try:
-            import pyudev
+            import pyudev  # noqa: PLC0415 (pyudev optional: no udev, no hot-plug)
         except ImportError as e:  # pragma: no cover - pyudev is a dependency
             raise UdevUnavailable(f"pyudev is not installed ({e})") from None
         try:
@@ -70,7 +70,7 @@ class UdevMonitor:
             for s in subsystems:
                 self._monitor.filter_by(s)
             self._monitor.start()
-        except Exception as e:  # libudev missing, netlink refused (no CAP_NET_ADMIN / no host netns)...
+        except Exception as e:  # noqa: BLE001 (libudev missing, netlink refused (no CAP_NET_ADMIN / no host netns)...)
             raise UdevUnavailable(f"{type(e).__name__}: {e}") from None
 
     def fileno(self) -> int:
@@ -214,7 +214,7 @@ class HotplugWatcher:
         try:
             monitor = self._factory(self.subsystems)
             self._loop.add_reader(monitor.fileno(), self._on_readable, monitor)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (no udev events: fall back to polling)
             self.udev_error = str(e)
             self.mode = "polling"
             log.warning("udev is not available (%s): hot-plug falls back to a rescan every %ss",
@@ -227,7 +227,7 @@ class HotplugWatcher:
     def _on_readable(self, monitor: Any) -> None:
         try:
             events = monitor.read()
-        except Exception as e:  # a broken socket must not kill the loop
+        except Exception as e:  # noqa: BLE001 (a broken socket must not kill the loop)
             log.warning("reading udev events failed: %s", e)
             self.kick("udev read error")
             return
@@ -267,9 +267,10 @@ class HotplugWatcher:
         assert self._link_states is not None and self.link_poll_s
         last: Mapping[str, str] | None = None
         while True:
+            states: Mapping[str, str] | None
             try:
                 states = await asyncio.to_thread(self._link_states)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 (keep the last states; the next poll tries again)
                 log.warning("reading NIC link states failed: %s", e)
                 states = last
             if last is not None and states != last:

@@ -184,7 +184,7 @@ def check_against(policy: Policy, g: DeviceGraph, req: AllocationRequest, oracle
     assert chosen_key(g, req, got.ids, key) == best
     assert got.ids == ref
     assert got.optimal
-    assert got.criteria == best  # type: ignore[attr-defined]
+    assert got.criteria == best
     assert set(req.must_include) <= set(got.ids) <= set(req.available) and len(got.ids) == req.size
     return got
 

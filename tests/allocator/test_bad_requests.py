@@ -53,7 +53,7 @@ def test_allocate_calls_validate(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
     original = AllocationRequest.validate
 
-    def spy(self: AllocationRequest, graph) -> None:  # type: ignore[no-untyped-def]
+    def spy(self: AllocationRequest, graph) -> None:
         seen.append(self)
         original(self, graph)
 

@@ -54,7 +54,7 @@ PAIRING_NODES = [n for n in builtin_names() if _node(n) is not None]
 def test_the_sixteen_gpu_node_is_among_them() -> None:
     """Guard: the node the optimisation is for (16 GPUs, 8 NICs) is checked, with all its devices."""
     assert "dgx-2-v100" in PAIRING_NODES
-    gpu, nic, _ = _node("dgx-2-v100")  # type: ignore[misc]
+    gpu, nic, _ = _node("dgx-2-v100")
     assert (len(gpu.graph.ids), len(nic.graph.ids)) == (16, 8)
 
 
@@ -73,7 +73,7 @@ def _request(rng: random.Random, me: Resource, other: Resource, index: PairingIn
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rng=st.randoms(use_true_random=False))
 def test_full_nodes_match_brute_force(name: str, policy: str, rng: random.Random) -> None:
-    gpu, nic, index = _node(name)  # type: ignore[misc]
+    gpu, nic, index = _node(name)
     me, other = (gpu, nic) if policy in GPU_POLICIES else (nic, gpu)
     req = _request(rng, me, other, index)
     assert_matches_brute_force(me.graph, policy, req)
@@ -88,7 +88,7 @@ def test_nvswitch_nodes_with_any_partner_weights_match_brute_force(name: str, po
     """All GPUs of these nodes share one link, where the GPU policies answer without a search when the
     partners' best GPUs allow it: partners whose weights tie often (one GPU the best of several
     partners, several GPUs the best of one, partners on no NUMA node) must still get the oracle's set."""
-    gpu, _, _ = _node(name)  # type: ignore[misc]
+    gpu, _, _ = _node(name)
     g = gpu.graph
     ids = list(g.ids)
     avail = ids if rng.random() < 1 / 3 else rng.sample(ids, rng.randint(2, len(ids)))

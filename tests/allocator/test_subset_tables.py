@@ -19,7 +19,7 @@ import pytest
 
 from allocator.policies import POLICY_NAMES, get_policy
 from allocator.policies.base import SearchPolicy
-from allocator.policies.subsets import TABLE_MAX_DEVICES, TABLE_MAX_SETS, SubsetTables, subset_tables
+from allocator.policies.subsets import TABLE_MAX_DEVICES, TABLE_MAX_SETS, SubsetTableCache, SubsetTables
 from allocator.request import AllocationError, AllocationRequest
 from allocator.topology import DeviceGraph
 from plugin.model.resources import ResourceOptions, build_resources
@@ -124,19 +124,31 @@ def test_bad_requests_are_refused_before_the_scan_with_the_usual_message():
 def test_tables_are_built_once_per_topology_and_not_above_the_device_limit():
     g = random_graph(random.Random(3), 12)
     same = DeviceGraph(g.ids, g.numa, tuple(tuple(r) for r in g.weights), g.ports)  # a rebuilt resource
-    assert subset_tables(g) is subset_tables(g) is subset_tables(same)
-    assert subset_tables(random_graph(random.Random(3), TABLE_MAX_DEVICES + 1)) is None
+    cache = SubsetTableCache()
+    assert cache.tables(g) is cache.tables(g) is cache.tables(same)
+    assert cache.tables(random_graph(random.Random(3), TABLE_MAX_DEVICES + 1)) is None
+    assert SubsetTableCache().tables(g) is not cache.tables(g)  # caches share nothing: no module state
 
 
 def test_resources_come_with_their_tables_so_no_request_builds_them(monkeypatch):
     built: list[DeviceGraph] = []
-    real = SubsetTables.build.__func__  # type: ignore[attr-defined]
+    real = SubsetTables.build.__func__
     monkeypatch.setattr(SubsetTables, "build", classmethod(lambda cls, g: built.append(g) or real(cls, g)))
-    # UUIDs: a topology no other test built tables for.
-    resources = build_resources(load_simulated("dgx-2-v100"), ResourceOptions(device_id_strategy="uuid"))
+    # The daemon's way: one cache, filled by the resource build, read by the resources' policies.
+    tables = SubsetTableCache()
+    resources = build_resources(load_simulated("dgx-2-v100"), ResourceOptions(device_id_strategy="uuid"), tables)
     gpu = next(r for r in resources if r.name == "nvidia.com/gpu")
     assert [g.ids for g in built if g.ids == gpu.graph.ids], "the resource build made the tables"
     built.clear()
-    got = get_policy(gpu.policy).allocate(gpu.graph, request(gpu.graph, range(16), [], 2))
+    got = get_policy(gpu.policy, tables=tables).allocate(gpu.graph, request(gpu.graph, range(16), [], 2))
     assert got.explored == math.comb(16, 2) and got.optimal  # scanned ...
-    assert built == [] and gpu.policy in subset_tables(gpu.graph)._keys  # ... with what was built ahead
+    assert built == [] and gpu.policy in tables.tables(gpu.graph)._keys  # ... with what was built ahead
+
+
+def test_a_policy_without_a_cache_keeps_its_own_and_answers_the_same():
+    g = random_graph(random.Random(5), 12)
+    req = request(g, range(12), [], 4)
+    shared = SubsetTableCache()
+    own = get_policy("numa-first")
+    assert own.allocate(g, req) == get_policy("numa-first", tables=shared).allocate(g, req)
+    assert own.within(0.5).tables is own.tables  # a budget cut keeps the policy's tables

@@ -11,8 +11,6 @@ import asyncio
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 
 import pytest
 import yaml
@@ -53,13 +51,13 @@ def options(strategies: tuple[str, ...]) -> ResourceOptions:
 class Running:
     """A daemon and a kubelet stand-in in this loop, in private temporary directories."""
 
-    def __init__(self, tmp: pathlib.Path, strategies: tuple[str, ...]):
+    def __init__(self, tmp: pathlib.Path, plugin_dir: str, strategies: tuple[str, ...]):
         self.node = tmp / "node.yaml"
         self.node.write_text(builtin_text("dgx-a100-mig"))
         self.cdi = tmp / "cdi"
         self.cdi.mkdir()
         (self.cdi / FOREIGN).write_text(FOREIGN_TEXT)
-        self.plugin_dir = tempfile.mkdtemp(prefix="tdp-")  # short: unix socket paths
+        self.plugin_dir = plugin_dir  # short: unix socket paths (the short_tmp fixture)
         self.kubelet = KubeletStandin(self.plugin_dir)
         self.daemon = Daemon(SimulatedSource(str(self.node), debounce_s=0.05),
                              DaemonOptions(plugin_dir=self.plugin_dir, cdi_spec_dir=str(self.cdi)), options(strategies))
@@ -76,7 +74,6 @@ class Running:
         self.stop.set()
         await self.task
         await self.kubelet.stop()
-        shutil.rmtree(self.plugin_dir, ignore_errors=True)
 
     def ours(self) -> list[str]:
         return sorted(n for n in os.listdir(self.cdi) if n != FOREIGN)
@@ -98,8 +95,8 @@ def index_names(spec: dict) -> list[str]:
     return [d["name"] for d in spec["devices"] if not d["name"].startswith("MIG-")]
 
 
-async def test_specs_written_before_devices_are_listed_and_names_resolve(tmp_path, cdi_validator):
-    async with Running(tmp_path, ("cdi-cri", "cdi-annotations")) as run:
+async def test_specs_written_before_devices_are_listed_and_names_resolve(tmp_path, short_tmp, cdi_validator):
+    async with Running(tmp_path, short_tmp, ("cdi-cri", "cdi-annotations")) as run:
         await run.wait_listed(GPU_SHARED, MIG_HALF, MIG_3G, "topo.dev/nic")
         want = ["topo-dp.nvidia.com-gpu_shared.json", "topo-dp.nvidia.com-mig-1g_10gb_half.json",
                 "topo-dp.nvidia.com-mig-2g_20gb.json", "topo-dp.nvidia.com-mig-3g_40gb.json",
@@ -128,8 +125,8 @@ async def test_specs_written_before_devices_are_listed_and_names_resolve(tmp_pat
         assert "nvidia.com/gpu=all" in report.report["devices"] and not report.report["cacheErrors"]
 
 
-async def test_specs_follow_the_node_and_leave_with_the_daemon(tmp_path):
-    async with Running(tmp_path, ("envvar", "cdi-cri")) as run:
+async def test_specs_follow_the_node_and_leave_with_the_daemon(tmp_path, short_tmp):
+    async with Running(tmp_path, short_tmp, ("envvar", "cdi-cri")) as run:
         await run.wait_listed(GPU_SHARED, MIG_3G)
         before = run.spec("topo-dp.nvidia.com-mig-3g_40gb.json")
         assert index_names(before) == ["0:0", "3:0", "3:1", "6:0"]  # (each also by its MIG UUID)
@@ -156,8 +153,8 @@ async def test_specs_follow_the_node_and_leave_with_the_daemon(tmp_path):
     assert (run.cdi / FOREIGN).read_text() == FOREIGN_TEXT
 
 
-async def test_envvar_daemon_never_touches_the_spec_directory(tmp_path):
-    async with Running(tmp_path, ("envvar",)) as run:
+async def test_envvar_daemon_never_touches_the_spec_directory(tmp_path, short_tmp):
+    async with Running(tmp_path, short_tmp, ("envvar",)) as run:
         stale = run.cdi / "topo-dp.nvidia.com-gpu.json"  # left by an earlier run: not this daemon's business
         stale.write_text("{}")
         await run.wait_listed(GPU_SHARED)

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -23,10 +22,9 @@ if str(ROOT / "tests" / "daemon") not in sys.path:
 
 
 @pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    # Unix socket paths are limited to 108 bytes: keep the directory short.
-    with tempfile.TemporaryDirectory(prefix="tdp-") as d:
-        yield d
+def plugin_dir(short_tmp: str) -> str:
+    """The kubelet's device-plugin directory: short, for its unix sockets (tests/conftest.py)."""
+    return short_tmp
 
 
 @pytest.fixture

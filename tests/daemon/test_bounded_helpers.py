@@ -59,7 +59,7 @@ def test_only_grpc_decode_errors_are_rate_limited_other_grpc_errors_keep_their_t
     def servicer_failed(error: Exception) -> None:
         try:
             raise error
-        except Exception:
+        except Exception:  # noqa: BLE001 (grpc's own handler, as the code under test sees it)
             grpc_log.exception("Unexpected [%s] raised by servicer method [%s]", type(error).__name__, "/m")
 
     with UndecodableRequestLog(limited):

@@ -142,12 +142,12 @@ class SlowFirstBuild:
         self.release = threading.Event()
         self.calls: list[tuple[NodeTopology, str]] = []
 
-    def __call__(self, topology: NodeTopology, options: ResourceOptions):
+    def __call__(self, topology: NodeTopology, options: ResourceOptions, *rest: object):
         self.calls.append((topology, options.gpu_resource_name))
         if topology is self.slow:
             self.started.set()
             assert self.release.wait(60), "the test never released the slow build"
-        return self.build(topology, options)
+        return self.build(topology, options, *rest)  # the rest: the daemon's subset tables
 
 
 def unhealthy(kubelet: KubeletStandin, resource: str) -> set[str]:

@@ -24,7 +24,7 @@ from plugin.sources.simulated import load_simulated
 from topo_testkit.nvidia_configs import TIME_SLICING
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "allocator"))
-from sharing_testlib import by_counts, chosen_key, mig_key, replica_key  # noqa: E402
+from sharing_testlib import by_counts, chosen_key, mig_key, replica_key
 
 
 CASES = [

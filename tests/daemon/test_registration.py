@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
-import tempfile
 
 import grpc
 
@@ -127,18 +126,18 @@ async def test_sigterm_sends_empty_list_removes_sockets_exits_zero(kubelet, star
     assert os.path.exists(kubelet.socket_path)  # never touches the kubelet's socket
 
 
-async def test_kubelet_root_dir_selects_device_plugins_subdir(start_daemon):
-    with tempfile.TemporaryDirectory(prefix="tdr-") as root:
-        plugin_dir = os.path.join(root, "device-plugins")
-        kubelet = KubeletStandin(plugin_dir)
-        await kubelet.start()
-        try:
-            start_daemon("--simulate", "pcie-2socket-4gpu-2nic", "--kubelet-root-dir", root, raw=True)
-            await registered(kubelet)
-            assert len(kubelet.devices(GPU)) == 4
-            assert kubelet.registrations_of(GPU)[0].endpoint in os.listdir(plugin_dir)
-        finally:
-            await kubelet.stop()
+async def test_kubelet_root_dir_selects_device_plugins_subdir(start_daemon, short_tmp):
+    root = short_tmp
+    plugin_dir = os.path.join(root, "device-plugins")
+    kubelet = KubeletStandin(plugin_dir)
+    await kubelet.start()
+    try:
+        start_daemon("--simulate", "pcie-2socket-4gpu-2nic", "--kubelet-root-dir", root, raw=True)
+        await registered(kubelet)
+        assert len(kubelet.devices(GPU)) == 4
+        assert kubelet.registrations_of(GPU)[0].endpoint in os.listdir(plugin_dir)
+    finally:
+        await kubelet.stop()
 
 
 class _RefusingKubelet(KubeletStandin):

@@ -194,7 +194,7 @@ class ApiServerStandIn:
         else:
             site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=ssl_context)
             await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            port = site._server.sockets[0].getsockname()[1]
         self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
         return self.url
 

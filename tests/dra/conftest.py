@@ -11,8 +11,8 @@ from plugin.sources.simulated import load_simulated
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from apiserver_standin import ApiServerStandIn, write_kubeconfig  # noqa: E402
-from claim_validation import build_validator  # noqa: E402
+from apiserver_standin import ApiServerStandIn, write_kubeconfig
+from claim_validation import build_validator
 
 NODE = "node-a"
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 
 import pytest
 from click.testing import CliRunner
@@ -32,10 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture
-def root():
-    base = tempfile.mkdtemp(prefix="drm-", dir="/tmp")  # unix socket paths are short
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+def root(short_tmp):
+    return short_tmp  # unix socket paths are short (tests/conftest.py)
 
 
 async def until(predicate, what: str, proc: subprocess.Popen, log: str, timeout: float = 60.0):

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 from dataclasses import replace
 
 import pytest
@@ -103,10 +101,9 @@ def test_only_our_drivers_configs_are_read_and_a_claims_config_overrides_its_cla
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="dra-ts-", dir="/tmp")
-    yield os.path.join(base, "kubelet"), os.path.join(base, "cdi"), base
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    # unix socket paths must stay short (tests/conftest.py)
+    return os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi"), short_tmp
 
 
 @pytest.fixture

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 
 import grpc
 import pytest
@@ -38,10 +36,8 @@ NAMES = {0: "UNKNOWN", 1: "HEALTHY", 2: "UNHEALTHY"}
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="drh-", dir="/tmp")  # unix socket paths are short
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    return short_tmp  # unix socket paths are short (tests/conftest.py)
 
 
 def health(msg) -> dict[str, str]:

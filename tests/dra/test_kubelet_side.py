@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import socket
 import stat
-import tempfile
 
 import grpc
 import pytest
@@ -41,11 +39,9 @@ class CountingCdi(ClaimSpecs):
 
 
 @pytest.fixture
-def roots():
-    # Short paths: unix socket paths are limited to 107 bytes, pytest's tmp_path is long.
-    base = tempfile.mkdtemp(prefix="dra-", dir="/tmp")
-    yield os.path.join(base, "kubelet"), os.path.join(base, "cdi")
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    # Short paths: unix socket paths are limited to 107 bytes, pytest's tmp_path is long (tests/conftest.py).
+    return os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
 
 
 @pytest.fixture

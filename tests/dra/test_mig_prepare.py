@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -30,10 +28,9 @@ DRIVER = "topo.dev"
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="dra-mig-", dir="/tmp")
-    yield os.path.join(base, "kubelet"), os.path.join(base, "cdi")
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    # unix socket paths must stay short (tests/conftest.py)
+    return os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
 
 
 @pytest.fixture
@@ -47,7 +44,7 @@ def backend(request, roots, topology):
     if request.param == "nvml":
         fake = FakeNvml(topology)  # not initialised: discovery shuts its NVML down, the backend takes its own
         b = NvmlMigBackend(fake)
-        b.fake = fake  # type: ignore[attr-defined]
+        b.fake = fake
         return (lambda _dir: b), b
     b = SimulatedMigBackend(default_state_path(os.path.join(roots[0], "plugins", DRIVER)))
     return (lambda plugin_dir: SimulatedMigBackend(default_state_path(plugin_dir))), b

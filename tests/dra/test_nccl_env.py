@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -31,10 +29,9 @@ NODES = {"dgx-h100": dgx_h100_node, "dgx-h100-ethernet": dgx_h100_ethernet_node,
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="dra-", dir="/tmp")  # unix socket paths must stay short
-    yield os.path.join(base, "kubelet"), os.path.join(base, "cdi")
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    # unix socket paths must stay short (tests/conftest.py)
+    return os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
 
 
 @pytest.fixture

@@ -13,11 +13,9 @@ import asyncio
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 
 import pytest
@@ -28,7 +26,7 @@ from plugin.dra.network_config import API_VERSION, KIND
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
 
-from netattach_testlib import link, net, node_with_netdevs  # noqa: E402,F401  (net: the fixture)
+from netattach_testlib import link, net, node_with_netdevs  # noqa: F401 (net: the fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tests" / "support" / "nri_runtime" / "build.sh"
@@ -102,10 +100,8 @@ class NriRuntime:
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="dranri-", dir="/tmp")  # short: unix socket paths
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    return short_tmp  # short: unix socket paths (tests/conftest.py)
 
 
 @pytest.fixture

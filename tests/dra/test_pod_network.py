@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 import uuid
 
 import pytest
@@ -31,8 +29,8 @@ from plugin.nri import PodSandbox as Sandbox
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
 
-from claim_validation import api_server_accepts  # noqa: E402
-from netattach_testlib import ip_json, link, net, node_with_netdevs  # noqa: E402,F401  (net: the fixture)
+from claim_validation import api_server_accepts
+from netattach_testlib import ip_json, link, net, node_with_netdevs  # noqa: F401 (net: the fixture)
 
 DRIVER = "topo.dev"
 NODE = "node-a"
@@ -41,10 +39,8 @@ NODE = "node-a"
 
 
 @pytest.fixture
-def dirs():
-    base = tempfile.mkdtemp(prefix="podnet-", dir="/tmp")
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+def dirs(short_tmp):
+    return short_tmp  # unix socket paths are short (tests/conftest.py)
 
 
 class Side:

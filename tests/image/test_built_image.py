@@ -26,7 +26,7 @@ for p in (ROOT / "scripts", ROOT / "tests" / "e2e" / "cluster", ROOT / "tests" /
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-import build_image  # noqa: E402
+import build_image
 
 IMAGE_UID = 65532
 #: The image with the slim base made here; python:3.11-slim-bookworm alone is about 150 MB.

@@ -103,7 +103,7 @@ def pyproject_field(name: str) -> str:
 # ---- .dockerignore, as Docker reads it (scripts/dockerignore.py, shared with scripts/build_image.py) ----
 
 sys.path.insert(0, str(ROOT / "scripts"))
-import dockerignore  # noqa: E402
+import dockerignore
 
 excluded = dockerignore.excluded
 

@@ -48,7 +48,7 @@ def register_before_serving() -> None:
         if os.path.exists(kubelet_sock):
             try:
                 await registration.register(kubelet_sock, os.path.basename(self.socket_path), self.name, timeout=30)
-            except Exception as e:  # the kubelet cannot dial us back: it fails after its 10 s timeout
+            except Exception as e:  # noqa: BLE001 (the kubelet cannot dial us back: it fails after its 10 s timeout)
                 print(f"broken_plugin: early Register failed: {e}", file=sys.stderr, flush=True)
         await orig(self)
 

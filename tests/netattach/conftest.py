@@ -10,4 +10,4 @@ HERE = pathlib.Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from netattach_testlib import net  # noqa: E402,F401  (the fixture, shared with tests/dra)
+from netattach_testlib import net  # noqa: F401 (the fixture, shared with tests/dra)

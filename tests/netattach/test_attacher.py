@@ -62,7 +62,7 @@ ORIGINAL = [(1400, False), (1500, True)]
 
 def attach_labels() -> list[str]:
     """Every record of a two-interface attachment, in order: {0}/{1} stand for the interfaces."""
-    per = lambda i: [f"{{{i}}}/prepared"] + [f"{{{i}}}/{s}" for s in STEPS] + [f"{{{i}}}/done"]  # noqa: E731
+    per = lambda i: [f"{{{i}}}/prepared"] + [f"{{{i}}}/{s}" for s in STEPS] + [f"{{{i}}}/done"]  # noqa: E731 (a one-line table of names)
     return [f"{POD}/attaching", *per(0), *per(1), f"{POD}/attached"]
 
 

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import time
-import tempfile
 
 import pytest
 import yaml
@@ -32,9 +31,8 @@ def no_udev(_subsystems):
 
 
 @pytest.fixture
-def plugin_dir():
-    with tempfile.TemporaryDirectory(prefix="tdn-") as d:  # unix socket paths must stay short
-        yield d
+def plugin_dir(short_tmp: str) -> str:
+    return short_tmp  # unix socket paths must stay short (tests/conftest.py)
 
 
 @contextlib.asynccontextmanager

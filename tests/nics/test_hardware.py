@@ -47,7 +47,7 @@ def test_gpu_nic_link_levels(node):
     vfio = node.function("ens1f0").vfs[3]
     ib = node.function("ibp2s0f1").bdf             # card1, behind GPU4/GPU5's switch
     eno2 = node.function("eno2").bdf               # own root port next to GPU2/GPU3's switches
-    level = lambda a, b: t.link(a, b).level  # noqa: E731
+    level = lambda a, b: t.link(a, b).level  # noqa: E731 (a one-line shorthand)
     assert level("GPU0", vf0) == LinkLevel.PIX
     assert level("GPU1", vfio) == LinkLevel.PIX
     assert level("GPU2", vf0) == LinkLevel.NODE

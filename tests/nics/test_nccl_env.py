@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import tempfile
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -85,9 +84,8 @@ class RecordingDeviceManager(StandinDeviceManager):
 
 
 @pytest.fixture
-def plugin_dir():
-    with tempfile.TemporaryDirectory(prefix="tdn-") as d:  # unix socket paths must stay short
-        yield d
+def plugin_dir(short_tmp: str) -> str:
+    return short_tmp  # unix socket paths must stay short (tests/conftest.py)
 
 
 @contextlib.asynccontextmanager

@@ -13,8 +13,7 @@ import asyncio
 import contextlib
 import json
 import pathlib
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import yaml
@@ -31,10 +30,8 @@ ENV = "PCIDEVICE_TOPO_DEV_NIC"
 
 
 @pytest.fixture
-def plugin_dir() -> Iterator[str]:
-    # Unix socket paths are limited to 108 bytes: keep the directory short.
-    with tempfile.TemporaryDirectory(prefix="tdp-") as d:
-        yield d
+def plugin_dir(short_tmp: str) -> str:
+    return short_tmp  # unix socket paths must stay short (tests/conftest.py)
 
 
 def bdf(i: int) -> str:

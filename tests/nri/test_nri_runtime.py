@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from topo_testkit.nri_runtime import Runtime, build
 
+from plugin.backoff import Backoff
 from plugin.nri import NriPlugin, PodSandbox
-from plugin.watch.health import Backoff
 
 pytestmark = pytest.mark.timeout(900)  # a cold Go build runs inside the first test
 

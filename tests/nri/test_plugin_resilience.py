@@ -12,10 +12,10 @@ import struct
 
 import pytest
 
+from plugin.backoff import Backoff
 from plugin.errors import InputError
 from plugin.nri import NriPlugin, PodSandbox
 from plugin.nri.mux import MAX_PAYLOAD
-from plugin.watch.health import Backoff
 
 
 class Nothing:

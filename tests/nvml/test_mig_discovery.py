@@ -131,7 +131,7 @@ def test_discover_shows_mig_resources_through_the_cli(tmp_path):
 def test_the_fake_lacks_a_call_exactly_as_pynvml_does(monkeypatch):
     # pynvml itself, with a driver library that has only the unversioned symbol: what it raises
     class R470Library:
-        def nvmlDeviceGetGpuInstanceProfileInfo(self, *args):  # pragma: no cover - never reached
+        def nvmlDeviceGetGpuInstanceProfileInfo(self, *args):  # noqa: N802 (NVML's name)  # pragma: no cover - never reached
             return 0
 
     monkeypatch.setattr(pynvml, "nvmlLib", R470Library())

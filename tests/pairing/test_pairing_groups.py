@@ -165,11 +165,11 @@ def test_partners_are_a_snapshot() -> None:
     groups.on_allocate(GPU, ["5"])
     assert dict(got) == {GPU: ("0", "1")}
     with pytest.raises(TypeError):
-        got[NIC] = ("x",)  # type: ignore[index]
+        got[NIC] = ("x",)
     assert dict(groups.current()) == {GPU: ("5",)}
 
 
 @pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf"), "1s"])
 def test_bad_window_is_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="pairing window"):
-        PairingGroups(bad)  # type: ignore[arg-type]
+        PairingGroups(bad)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 
-import pytest
 from topo_testkit.pod_resources_standin import PodResourcesStandin
 
 from topo_testkit.device_manager import StandinDeviceManager, pod
@@ -74,17 +72,10 @@ async def test_the_window_is_counted_from_the_last_allocate():
 
 
 
-@pytest.fixture
-def short_dir():
-    """A directory for a unix socket (108 bytes at most; pytest's tmp_path can be longer)."""
-    with tempfile.TemporaryDirectory(prefix="prs-", dir="/tmp") as d:
-        yield d
-
-
-async def test_a_cancelled_request_never_cancels_the_shared_pod_resources_query(short_dir):
+async def test_a_cancelled_request_never_cancels_the_shared_pod_resources_query(short_tmp):
     """Two paired requests of one group share one List; the first is cancelled (its deadline passed)
     while List is in flight: the second still gets the checked partners, from that same call."""
-    path = os.path.join(short_dir, "kubelet.sock")
+    path = os.path.join(short_tmp, "kubelet.sock")
     dm = StandinDeviceManager(kubelet=None)  # List only reads the pods below
     # Another container already holds GPU 4 and a NIC: List proves GPU 4 is no partner of a NIC request.
     dm.specs["slow"] = pod("slow", {NIC: 1, GPU: 1}, names=("c",))

@@ -22,18 +22,17 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 
 import pytest
 from topo_testkit import ROOT, pythonpath_env
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "dra"))
 
-from apiserver_standin import ApiServerStandIn, write_kubeconfig  # noqa: E402
-from kubelet_standin import register, registration_sockets  # noqa: E402
+from apiserver_standin import ApiServerStandIn, write_kubeconfig
+from kubelet_standin import register, registration_sockets
 
-from plugin.dra import DraDriver, DraOptions, SliceOptions  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
+from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.sources.simulated import load_simulated
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,10 +42,9 @@ GPU = "nvidia.com/gpu"
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="rel-", dir="/tmp")  # unix socket paths: 107 bytes at most
-    yield base, os.path.join(base, "kubelet"), os.path.join(base, "cdi")
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    # unix socket paths: 107 bytes at most (tests/conftest.py)
+    return short_tmp, os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
 
 
 @pytest.fixture

@@ -19,11 +19,9 @@ import asyncio
 import json
 import os
 import pathlib
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 
@@ -34,16 +32,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT / "tests" / "dra") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests" / "dra"))
 
-from apiserver_standin import ApiServerStandIn, write_kubeconfig  # noqa: E402
-from kubelet_standin import register, registration_sockets  # noqa: E402
+from apiserver_standin import ApiServerStandIn, write_kubeconfig
+from kubelet_standin import register, registration_sockets
 
-from plugin.api.dra.v1 import api_pb2 as dra_pb2  # noqa: E402
-from plugin.api.dra.v1 import api_pb2_grpc as dra_grpc  # noqa: E402
-from plugin.dra import DraDriver, DraOptions, SliceOptions  # noqa: E402
-from plugin.dra.cdi import ClaimSpecs  # noqa: E402
-from plugin.dra.kubeapi import kubeconfig_api  # noqa: E402
-from plugin.dra.prepare import PrepareLimits  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
+from plugin.api.dra.v1 import api_pb2 as dra_pb2
+from plugin.api.dra.v1 import api_pb2_grpc as dra_grpc
+from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra.cdi import ClaimSpecs
+from plugin.dra.kubeapi import kubeconfig_api
+from plugin.dra.prepare import PrepareLimits
+from plugin.sources.simulated import load_simulated
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -59,10 +57,9 @@ KUBELET_DEADLINE_S = 45
 
 
 @pytest.fixture
-def roots():
-    base = tempfile.mkdtemp(prefix="drl-", dir="/tmp")  # unix socket paths are short
-    yield os.path.join(base, "kubelet"), os.path.join(base, "cdi")
-    shutil.rmtree(base, ignore_errors=True)
+def roots(short_tmp):
+    # unix socket paths are short (tests/conftest.py)
+    return os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
 
 
 class CountingCdi(ClaimSpecs):

@@ -256,11 +256,11 @@ async def test_rpcs_are_answered_while_a_large_rebuild_runs(plugin_dir, tmp_path
     answered_while_held: list[bool] = []
     real_build = daemon_module._build
 
-    def held_build(topology, options):
+    def held_build(topology, options, *rest):
         if armed.is_set():
             started.set()
             answered_while_held.append(release.wait(60))  # released only by an RPC answered meanwhile
-        return real_build(topology, options)
+        return real_build(topology, options, *rest)  # the rest: the daemon's subset tables
 
     monkeypatch.setattr(daemon_module, "_build", held_build)
 

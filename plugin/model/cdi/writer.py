@@ -150,7 +150,8 @@ class CdiSpecWriter:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"two resources map to the same CDI spec file: {', '.join(dup)}")
-        written, unchanged = [], []
+        written: list[str] = []
+        unchanged: list[str] = []
         for s in specs:
             (written if self.write(s) else unchanged).append(s.file_name)
         keep = set(names)

@@ -223,7 +223,7 @@ class _Parser:
                            "add selectors, e.g. selectors: [{pfNames: [ens1f0]}] ({} takes every NIC)")
         sel_raw = raw["selectors"]
         if isinstance(sel_raw, Mapping):
-            selectors = (self.selector(f"{path}.selectors", sel_raw),)
+            selectors: tuple[Selector, ...] = (self.selector(f"{path}.selectors", sel_raw),)
         elif isinstance(sel_raw, list):
             if not sel_raw:
                 raise self.err(f"{path}.selectors", "is empty, so the pool could never get a device",

@@ -113,8 +113,8 @@ def _build(data: Mapping[str, Any], root: yaml.Node | None, source: str) -> Node
                           fix=f"use one of: {', '.join(sorted(known))}")
         for x, a in enumerate(members):
             for b in members[x + 1:]:
-                key = (a, b) if (a, b) in links or (b, a) not in links else (b, a)
-                links[key] = link
+                pair = (a, b) if (a, b) in links or (b, a) not in links else (b, a)
+                links[pair] = link
     numa_cfg = data.get("numa") or {}
     nodes = numa_cfg.get("nodes")
     distances: dict[tuple[int, int], int] = {}

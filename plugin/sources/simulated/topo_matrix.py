@@ -300,7 +300,7 @@ class ParsedMatrix:
                     log.warning("asymmetric link in topology matrix",
                                 extra={"source": self.source, "pair": f"{a}-{b}", "a_to_b": link.label,
                                        "b_to_a": back.label})
-                link = max(link, back, key=lambda l: l.weight)
+                link = max(link, back, key=lambda x: x.weight)
             links[(a, b)] = link
         return links
 
@@ -328,7 +328,9 @@ class ParsedMatrix:
             gnid = values.get(_GPU_NUMA_ID, "")
             if gnid and gnid.upper() != "N/A":
                 attrs["gpu_numa_id"] = gnid
-            devices.append(Device(name=g, kind=DeviceKind.GPU, index=int(_GPU_COL.match(g).group(1)),
+            col = _GPU_COL.match(g)
+            assert col is not None, g  # gpu_columns are the header's columns that this pattern matched
+            devices.append(Device(name=g, kind=DeviceKind.GPU, index=int(col.group(1)),
                                   numa=numa[g], attributes=attrs))
         return devices
 
@@ -339,7 +341,7 @@ class ParsedMatrix:
         nic_cols = [c for c in self.columns if not _GPU_COL.match(c)]
         for j, c in enumerate(nic_cols):
             reach = [(links.get((c, g)) or links.get((g, c)), g) for g in self.gpu_columns]
-            levels = [(l.level, g) for l, g in reach if l is not None and l.nvlinks == 0 and l.level > LinkLevel.SYS]
+            levels = [(lk.level, g) for lk, g in reach if lk is not None and lk.nvlinks == 0 and lk.level > LinkLevel.SYS]
             best = max((lvl for lvl, _ in levels), default=None)
             near = {numa[g] for lvl, g in levels if lvl == best}
             name = self.legend.get(c, c)

@@ -263,7 +263,7 @@ def gb300_cx8_dd_node(dma_vpd: dict[int, bytes] | None = None, no_dma: frozenset
     def fine(i: int) -> bool:
         return i not in dma_vpd and i not in no_dma and i not in pf_vpd
 
-    def gpu_complex(i: int) -> Gpu:
+    def gpu_complex(i: int) -> Switch:
         ok = fine(i)
         dma = () if i in no_dma else (DmaFunction(serial[i], vpd=dma_vpd.get(i)),)
         gpu = Gpu(model="NVIDIA GB300", device_id="31c2", memory_mib=274658, fabric=fabric,
@@ -580,8 +580,8 @@ def write_node(spec: NodeSpec, root: str, clean: bool = True) -> GeneratedNode:
         sysfs_numa = f.gpu.sysfs_numa if f.gpu is not None and f.gpu.sysfs_numa is not None else f.numa
         _write(os.path.join(real, "numa_node"), f"{-1 if sysfs_numa is None else sysfs_numa}\n")
         if f.vpd:
-            with open(os.path.join(real, "vpd"), "wb") as vf:
-                vf.write(f.vpd)
+            with open(os.path.join(real, "vpd"), "wb") as vpd_file:
+                vpd_file.write(f.vpd)
         _symlink(real, os.path.join(sysfs, "bus", "pci", "devices", f.bdf))
         if f.driver:
             drv = os.path.join(sysfs, "bus", "pci", "drivers", f.driver)
@@ -780,11 +780,11 @@ def expected_topology(spec: NodeSpec, functions: list[Function]) -> NodeTopology
         placed[f.bdf] = f
     nv: dict[tuple[int, int], int] = {}
     if spec.nvswitch_links:
-        for a in range(len(gpus)):
-            for b in range(a + 1, len(gpus)):
-                nv[(a, b)] = spec.nvswitch_links
-    for a, b, n in spec.nvlinks:
-        nv[(min(a, b), max(a, b))] = n
+        for ga in range(len(gpus)):
+            for gb in range(ga + 1, len(gpus)):
+                nv[(ga, gb)] = spec.nvswitch_links
+    for ga, gb, count in spec.nvlinks:
+        nv[(min(ga, gb), max(ga, gb))] = count
     links: dict[tuple[str, str], Link] = {}
     names = [d.name for d in devices]
     for i, a in enumerate(names):

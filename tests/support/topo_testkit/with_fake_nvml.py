@@ -34,7 +34,7 @@ def fake_for(node: str, **kw: Any) -> FakeNvml:
 def installed(fake: FakeNvml) -> Iterator[FakeNvml]:
     """Make `import pynvml` return `fake` for as long as the context lasts (in this process)."""
     saved = sys.modules.get("pynvml")
-    sys.modules["pynvml"] = fake  # type: ignore[assignment]
+    sys.modules["pynvml"] = fake  # type: ignore[assignment]  # the fake stands in for the module
     try:
         yield fake
     finally:
