@@ -50,14 +50,14 @@ sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "tests" / "support"))  # topo_testkit: test support, not in the wheel
 
-from allocator_bench import FAMILIES, Cell, random_request, table, timed  # noqa: E402
-from topo_testkit.fake_nvml import FakeNvml, nvml_bus_id  # noqa: E402
+from allocator_bench import FAMILIES, Cell, random_request, table, timed
+from topo_testkit.fake_nvml import FakeNvml, nvml_bus_id
 
-from allocator.policies import get_policy  # noqa: E402
-from allocator.request import AllocationRequest  # noqa: E402
-from allocator.scoring import evaluate, objective_key  # noqa: E402
-from allocator.topology import DeviceGraph, LinkLevel  # noqa: E402
-from plugin.sources.simulated import load_simulated  # noqa: E402
+from allocator.policies import get_policy
+from allocator.request import AllocationRequest
+from allocator.scoring import evaluate, objective_key
+from allocator.topology import DeviceGraph, LinkLevel
+from plugin.sources.simulated import load_simulated
 
 BUILTINS = ("dgx-h100", "hgx-b200", "dgx-a100", "gb200-cx7")
 #: NVML_TOPOLOGY_* for our PCIe levels (what nvmlDeviceGetTopologyCommonAncestor answers).

@@ -52,7 +52,7 @@ def test_offline_command_warning_names_the_setting_and_why(tmp_path):
     proc = subprocess.run([*ENTRY, "discover", "--simulate", "dgx-a100", "--config", _config(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    line = next(l for l in proc.stderr.splitlines() if "NVIDIA setting ignored" in l)
+    line = next(line for line in proc.stderr.splitlines() if "NVIDIA setting ignored" in line)
     assert "field=flags.useNodeFeatureAPI" in line
     assert 'reason="it is a gpu-feature-discovery setting"' in line
 
@@ -66,7 +66,7 @@ def test_serve_logs_config_lines_in_text_with_their_fields_and_info_level(tmp_pa
 
 def test_serve_logs_config_lines_as_json_under_log_format_json(tmp_path):
     lines = _serve_lines(tmp_path, "--log-format", "json", until="topology discovered")
-    records = [json.loads(l) for l in lines if l.startswith("{")]
+    records = [json.loads(line) for line in lines if line.startswith("{")]
     assert len(records) == len(lines), "every line is JSON under --log-format json"
     ignored = next(r for r in records if r["msg"] == "NVIDIA setting ignored")
     assert ignored["field"] == "flags.useNodeFeatureAPI" and ignored["level"] == "warning"
@@ -151,7 +151,7 @@ def test_allocate_text_keeps_a_mig_request_line_short():
     proc = subprocess.run([*ENTRY, "allocate", "--simulate", "dgx-a100-mig-1g", "--mig-strategy", "single",
                            "--size", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    request = next(l for l in proc.stdout.splitlines() if l.startswith("Request:"))
+    request = next(line for line in proc.stdout.splitlines() if line.startswith("Request:"))
     assert request.count("MIG-") == 8 and "+48 more (all in --format json)" in request
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import image  # noqa: E402 - the script under test, from scripts/
+import image
 
 RECORDER = """#!/bin/sh
 echo "$(basename "$0") $*" >> "$CALLS"
