@@ -54,7 +54,9 @@ from typing import Any
 
 from allocator.topology import HEALTHY, UNHEALTHY, Device, FabricInfo, DeviceKind, Link, LinkLevel, NodeTopology
 
-from ..watch.health import GpuHealthOptions, watch_gpu_health
+from ..health.options import GpuHealthOptions
+from ..health.policy import GpuHealth
+from ..health.service import watch_gpu_health
 from .base import Publish
 from ..errors import RuntimeFailure
 from .nvml_mig import CapsReader, ProfileCalls, discover_migs
@@ -385,7 +387,7 @@ class NvmlGpuSource:
         self.sysfs_root = sysfs_root
         self.proc_root = proc_root
         self.fail_on_init_error = fail_on_init_error
-        self.health = health if health is not None else GpuHealthOptions()
+        self.health = health if health is not None else GpuHealthOptions(proc_root=proc_root)
         self.description = f"nvml (sysfs {sysfs_root})"
         #: The error that made the last discovery serve zero GPUs (fail_on_init_error=False), if any.
         self.init_error: DiscoveryError | None = None
@@ -415,18 +417,21 @@ class NvmlGpuSource:
         devices, links = self.discover()
         return NodeTopology.build(devices, links, source=SOURCE)
 
-    async def watch_health(self, gpus: Sequence[Device], on_health: Callable[[Mapping[str, str]], None]) -> None:
-        """Run GPU health until cancelled; `on_health({gpu name: health})` on the loop at each change."""
+    async def watch_health(self, gpus: Sequence[Device], on_health: Callable[[Mapping[str, GpuHealth]], None],
+                           on_links: Callable[[str, str], None] | None = None) -> None:
+        """Run GPU health until cancelled; `on_health({gpu name: GpuHealth})` on the loop at each change,
+        `on_links(gpu, why)` when a GPU's active NVLinks changed."""
         if not gpus or self.init_error is not None or not self.health.enabled:
             await asyncio.Event().wait()
             return
-        await watch_gpu_health(self.nvml, gpus, self.health, on_health)
+        await watch_gpu_health(self.nvml, gpus, self.health, on_health, on_links=on_links)
 
     async def watch(self, current: NodeTopology, publish: Publish) -> None:
         state = {"topology": current}
 
-        def on_health(health: Mapping[str, str]) -> None:
-            new = state["topology"].with_health(health)
+        def on_health(health: Mapping[str, GpuHealth]) -> None:
+            new = state["topology"].with_health({n: h.health for n, h in health.items()},
+                                                {n: h.reason for n, h in health.items()})
             if new != state["topology"]:
                 state["topology"] = new
                 publish(new)
