@@ -80,6 +80,8 @@ class HealthStats:
     recoveries: int = 0
     rebuilds: int = 0
     transitions: int = 0
+    #: Evidence reads of Unhealthy GPUs past their quiet period (tests wait on it to see "no recovery").
+    evaluations: int = 0
     #: Backoff delays slept, in order (the last 64).
     backoffs: list[float] = field(default_factory=list)
 
@@ -379,12 +381,13 @@ class GpuHealthMonitor:
                 if fault is None:
                     continue
                 fault = self._faults[name] = observe(fault, ev)
-            self._check_driver(name, ev, "driver")
-            with self._lock:
-                fault = self._faults.get(name)
-            if fault is None:
+            drv = driver_action(ev.recovery_action)
+            if drv is not None and drv.rank > fault.action.rank:  # the driver asks for more: a new fault
+                self._check_driver(name, ev, "driver")
                 continue
             why = recovery(fault, ev, now, self.options.quiet_period_s, read_boot_id(self.options.proc_root))
+            if now - fault.at >= self.options.quiet_period_s:
+                self.stats.evaluations += 1
             if why is None:
                 continue
             if name not in self._registered and self._event_set is not None and not self._register(

@@ -27,7 +27,7 @@ from allocator.topology import HEALTHY, UNHEALTHY
 
 from .catalog import Action
 
-__all__ = ["DRIVER_ACTIONS", "Evidence", "Fault", "GpuHealth", "driver_action", "observe", "on_fault",
+__all__ = ["DRIVER_ACTIONS", "action_of_reason", "Evidence", "Fault", "GpuHealth", "driver_action", "observe", "on_fault",
            "recovery", "taint_value"]
 
 #: NVML's nvmlDeviceGpuRecoveryAction_t (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230) → our action.
@@ -181,3 +181,13 @@ def taint_value(reason: str) -> str:
     text = f"{cause}.{action}" if action else cause
     text = _LABEL_BAD.sub("-", text.lower()).strip("-_.")
     return text[:63].rstrip("-_.") or "unhealthy"
+
+
+def action_of_reason(reason: str) -> Action:
+    """The action a `GpuHealth.reason` names (`xid-48: reset GPU (...)` → reset GPU); an Unhealthy device
+    without one (a simulated node's `health: Unhealthy`, a lost GPU at discovery) needs a reset at least."""
+    words = reason.split(" (", 1)[0].partition(": ")[2]
+    for a in Action:
+        if a.value == words:
+            return a
+    return Action.RESET_GPU

@@ -31,6 +31,7 @@ from ..allocation.pairing_service import PairingService
 from ..allocation.pod_resources import PodResourcesReader
 from ..allocation.search_pool import SearchPool
 from ..errors import InputError, TopoDevicePluginError
+from ..health.policy import action_of_reason
 from ..heap import release_free_heap
 from ..model.cdi.sync import SpecSync
 from ..model.resources import Resource, ResourceOptions, build_resources
@@ -79,6 +80,7 @@ class Daemon:
         self.policy_factory = policy_factory
         self.reload_resources = reload_resources
         self.metrics = metrics or Metrics()
+        self.metrics.xid_source = getattr(source, "xid_counts", None)
         self.servers: dict[str, ResourceServer] = {}
         self.topology: NodeTopology | None = None
         self._tasks: list[asyncio.Task] = []
@@ -383,6 +385,9 @@ class Daemon:
     def _count_devices(self, r: Resource) -> None:
         healthy = sum(1 for d in r.devices if d.device.healthy)
         self.metrics.set_devices(r.name, healthy, len(r.devices) - healthy)
+        if self.topology is not None:
+            self.metrics.set_gpu_actions({g.name: action_of_reason(g.health_reason).value if not g.healthy
+                                          else "none" for g in self.topology.gpus})
 
 
 

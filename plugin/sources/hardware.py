@@ -230,6 +230,15 @@ class HardwareSource:
 
             self.labels = FabricLabelFile(o.fabric_labels_file)
 
+    def xid_counts(self) -> dict[tuple[str, int, str], int]:
+        """XID events per (GPU, XID, bucket) since the health monitor started (metrics read it at scrape time)."""
+        return self._gpu_source.xid_counts() if self._gpu_source is not None else {}
+
+    def gpu_evidence(self) -> list[tuple[str, str, Any]]:
+        """(GPU, UUID, `plugin.health.policy.Evidence`) for each GPU, read now (`discover` prints them)."""
+        return self._gpu_source.evidence(self._base.gpus if self._base is not None else ()) \
+            if self._gpu_source is not None else []
+
     @property
     def gpu_init_error(self) -> Exception | None:
         """Why GPUs were not discovered (only with fail_on_init_error=False)."""

@@ -54,8 +54,10 @@ from typing import Any
 
 from allocator.topology import HEALTHY, UNHEALTHY, Device, FabricInfo, DeviceKind, Link, LinkLevel, NodeTopology
 
+from ..health.monitor import GpuHealthMonitor
 from ..health.options import GpuHealthOptions
-from ..health.policy import GpuHealth
+from ..health.evidence import EvidenceReader
+from ..health.policy import Evidence, GpuHealth
 from ..health.service import watch_gpu_health
 from .base import Publish
 from ..errors import RuntimeFailure
@@ -391,6 +393,8 @@ class NvmlGpuSource:
         self.description = f"nvml (sysfs {sysfs_root})"
         #: The error that made the last discovery serve zero GPUs (fail_on_init_error=False), if any.
         self.init_error: DiscoveryError | None = None
+        #: The GPU health monitor while one runs.
+        self.monitor: GpuHealthMonitor | None = None
 
     @property
     def nvml(self) -> Any:
@@ -424,7 +428,27 @@ class NvmlGpuSource:
         if not gpus or self.init_error is not None or not self.health.enabled:
             await asyncio.Event().wait()
             return
-        await watch_gpu_health(self.nvml, gpus, self.health, on_health, on_links=on_links)
+        await watch_gpu_health(self.nvml, gpus, self.health, on_health, on_links=on_links, started=self._started)
+
+    def _started(self, monitor: GpuHealthMonitor) -> None:
+        self.monitor = monitor
+
+    def evidence(self, gpus: Sequence[Device]) -> list[tuple[str, str, Evidence]]:
+        """Each GPU's health evidence, read now: the recovery action, pending repairs (for `discover`)."""
+        if not gpus or self.init_error is not None:
+            return []
+        nvml = self.nvml
+        nvml.nvmlInit()
+        try:
+            reader = EvidenceReader(nvml)
+            return [(g.name, g.uuid, reader.read(g.uuid)) for g in gpus if g.uuid]
+        finally:
+            nvml.nvmlShutdown()
+
+    def xid_counts(self) -> dict[tuple[str, int, str], int]:
+        """XID events per (GPU, XID, bucket) seen by the running health monitor (for the metrics)."""
+        monitor = self.monitor
+        return dict(monitor.xid_counts) if monitor is not None else {}
 
     async def watch(self, current: NodeTopology, publish: Publish) -> None:
         state = {"topology": current}
