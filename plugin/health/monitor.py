@@ -152,8 +152,9 @@ class GpuHealthMonitor:
             if d.uuid and d.health != HEALTHY:
                 self._faults[d.name] = Fault(Action.RESET_GPU, "lost", "NVML could not reach it at discovery",
                                              now, self.boot_id, seen_lost=True)
+        # What the servers show now: the source's own verdict; a restored fault differs and is published.
+        self._published = {d.name: GpuHealth(d.health, d.health_reason) for d in gpus if d.uuid}
         self._restore()
-        self._published = self.health_map()
 
     # -- public ------------------------------------------------------------
     def start(self) -> None:

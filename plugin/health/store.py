@@ -32,7 +32,7 @@ from .catalog import Action
 log = logging.getLogger(__name__)
 
 __all__ = ["CLEAR_FILE", "STATE_FILE", "Clear", "SavedFault", "add_clear", "load_faults", "read_clears",
-           "save_faults"]
+           "restorable", "save_faults"]
 
 STATE_FILE = "gpu-health.json"
 CLEAR_FILE = "gpu-health-clear.json"
@@ -108,3 +108,11 @@ def add_clear(directory: str, gpus: list[str], now: float | None = None) -> list
     replace_file(os.path.join(directory, CLEAR_FILE), json.dumps(doc, indent=1) + "\n", mode=0o644,
                  prefix=".gpu-health-clear.", durable=True)
     return new
+
+
+def restorable(directory: str, boot_id: str | None, uuids: Mapping[str, str]) -> dict[str, SavedFault]:
+    """{GPU name: fault} saved in this boot for the GPUs `uuids` ({name: UUID}) names: what the source
+    serves as Unhealthy from its first answer, before the monitor thread runs."""
+    by_uuid = {u: n for n, u in uuids.items()}
+    return {by_uuid[u]: f for u, f in load_faults(directory).items()
+            if u in by_uuid and not (f.boot_id and boot_id and f.boot_id != boot_id)}

@@ -216,7 +216,8 @@ class HardwareSource:
 
                 kw["health"] = GpuHealthOptions.from_config(o.gpu_health, proc_root=o.proc_root)
             elif o.gpu_health is not None:
-                kw["health"] = o.gpu_health
+                # The boot ID is read under the node's procfs, whoever built the options.
+                kw["health"] = replace(o.gpu_health, proc_root=o.proc_root)
             self._gpu_source = NvmlGpuSource(o.nvml, o.sysfs_root, o.fail_on_init_error, proc_root=o.proc_root, **kw)
         #: The last NIC scan (offered NICs and why others were not offered), for `discover`.
         self.nic_inventory: NicInventory = NicInventory(devices=())
@@ -302,10 +303,11 @@ class HardwareSource:
         topology = self.discover()
         self._update_labels(topology)
         self._base = topology
-        self._gpu_health = {}
+        # Faults a previous daemon saved in this boot are served from the first answer on.
+        self._gpu_health = self._gpu_source.saved_faults(topology.gpus) if self._gpu_source is not None else {}
         log.info("discovered %d GPUs and %d NICs (%d network functions not offered)",
                  len(topology.gpus), len(topology.nics), len(self.nic_inventory.skipped))
-        return topology
+        return self._with_health(topology)
 
     # -- watching ----------------------------------------------------------------
     def _with_health(self, base: NodeTopology) -> NodeTopology:

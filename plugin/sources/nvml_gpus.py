@@ -56,8 +56,9 @@ from allocator.topology import HEALTHY, UNHEALTHY, Device, FabricInfo, DeviceKin
 
 from ..health.monitor import GpuHealthMonitor
 from ..health.options import GpuHealthOptions
-from ..health.evidence import EvidenceReader
-from ..health.policy import Evidence, GpuHealth
+from ..health.evidence import EvidenceReader, read_boot_id
+from ..health.policy import Evidence, Fault, GpuHealth
+from ..health.store import restorable
 from ..health.service import watch_gpu_health
 from .base import Publish
 from ..errors import RuntimeFailure
@@ -444,6 +445,14 @@ class NvmlGpuSource:
             return [(g.name, g.uuid, reader.read(g.uuid)) for g in gpus if g.uuid]
         finally:
             nvml.nvmlShutdown()
+
+    def saved_faults(self, gpus: Sequence[Device]) -> dict[str, GpuHealth]:
+        """The faults a previous daemon saved in this boot (gpus.health.stateDirectory), as served health."""
+        directory = self.health.state_directory
+        if directory is None or not self.health.enabled:
+            return {}
+        saved = restorable(directory, read_boot_id(self.health.proc_root), {g.name: g.uuid for g in gpus if g.uuid})
+        return {n: GpuHealth.of(Fault(f.action, f.cause, f.detail, 0.0)) for n, f in saved.items()}
 
     def xid_counts(self) -> dict[tuple[str, int, str], int]:
         """XID events per (GPU, XID, bucket) seen by the running health monitor (for the metrics)."""
