@@ -15,26 +15,27 @@ import click
 from ..config import load_config
 from ..errors import InputError
 from ..health.store import CLEAR_FILE, add_clear
-from .routing import Command, Group
+from .routing import Command
 
 DEFAULT_STATE_DIRECTORY = "/var/lib/topo-device-plugin"
 
 
-@click.group(cls=Group)
-def health() -> None:
-    """GPU health: tell the running daemon a GPU is fixed."""
-
-
-@health.command(cls=Command, examples=("topo-device-plugin health clear --gpu GPU-5f3c...",
-                                       "topo-device-plugin health clear --gpu all --state-dir /var/lib/topo-device-plugin"))
-@click.option("--gpu", "gpus", multiple=True, required=True, metavar="GPU",
+@click.command(cls=Command, examples=("topo-device-plugin health clear --gpu GPU3 --state-dir /var/lib/topo-device-plugin",))
+@click.argument("action", type=click.Choice(["clear"]))
+@click.option("--gpu", "gpus", multiple=True, required=True, metavar="GPU", envvar="TOPO_DP_HEALTH_GPU",
               help="A GPU UUID, its name as `discover` prints it (GPU3), or `all`; repeatable.")
-@click.option("--state-dir", default=None, metavar="DIR",
+@click.option("--state-dir", default=None, metavar="DIR", envvar="TOPO_DP_HEALTH_STATE_DIR",
               help="The daemon's gpus.health.stateDirectory (default: from --config, else "
                    f"{DEFAULT_STATE_DIRECTORY}).")
-@click.option("--config", "config_path", default=None, metavar="FILE", help="The daemon's config file.")
+@click.option("--config", "config_path", default=None, metavar="FILE", envvar="TOPO_DP_HEALTH_CONFIG",
+              help="The daemon's config file (its gpus.health.stateDirectory).")
+def health(action: str, gpus: tuple[str, ...], state_dir: str | None, config_path: str | None) -> None:
+    """GPU health: `clear` tells the running daemon the named GPUs are fixed; they are Healthy again at once."""
+    clear(gpus, state_dir, config_path)
+
+
 def clear(gpus: tuple[str, ...], state_dir: str | None, config_path: str | None) -> None:
-    """End the named GPUs' faults now: they are Healthy again on the running daemon."""
+    """End the named GPUs' faults now (one clear file entry each)."""
     if state_dir is None and config_path:
         state_dir = load_config(config_path).gpu_health.get("stateDirectory")
         if not state_dir:
