@@ -153,6 +153,7 @@ class Daemon:
 
     async def _serve(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> int:
         self.topology = await asyncio.to_thread(self.source.load)
+        self._count_gpu_actions(self.topology)
         await asyncio.to_thread(release_free_heap, "discovery")
         resources, dra_resources = split(build_resources(self.topology, self.resource_options),
                                          self.resource_options.dra_resources)
@@ -321,6 +322,7 @@ class Daemon:
         """Serve `resources` (built for `topology`) in place of what is served now."""
         self.topology = topology
         self.metrics.topology_updates.inc()
+        self._count_gpu_actions(topology)
         if self.dra is not None:
             self.dra_devices.set(dra_resources)
             self.dra.update(topology)
@@ -385,9 +387,11 @@ class Daemon:
     def _count_devices(self, r: Resource) -> None:
         healthy = sum(1 for d in r.devices if d.device.healthy)
         self.metrics.set_devices(r.name, healthy, len(r.devices) - healthy)
-        if self.topology is not None:
-            self.metrics.set_gpu_actions({g.name: action_of_reason(g.health_reason).value if not g.healthy
-                                          else "none" for g in self.topology.gpus})
+
+    def _count_gpu_actions(self, topology: NodeTopology) -> None:
+        """Each GPU's required action for the metrics, whichever way (device plugin, DRA) it is served."""
+        self.metrics.set_gpu_actions({g.name: action_of_reason(g.health_reason).value if not g.healthy
+                                      else "none" for g in topology.gpus})
 
 
 

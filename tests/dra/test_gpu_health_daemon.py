@@ -19,6 +19,7 @@ import tempfile
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client import generate_latest
 
 from plugin.cli import cli
 from plugin.dra import DraDriver, DraOptions, SliceOptions
@@ -133,8 +134,19 @@ async def test_restart_app_changes_nothing_and_reset_gpu_waits_for_the_reset(vie
         assert {g for g, h in node.health().items() if h != "Healthy"} == {"GPU2"}
         counts = daemon.source.xid_counts()
         assert counts[("GPU1", 13, "RESTART_APP")] == 1 and counts[("GPU2", 48, "WORKFLOW_XID_48")] == 1
+        scrape = generate_latest(daemon.metrics.registry).decode()
+        assert 'topo_dp_gpu_required_action{action="reset GPU",gpu="GPU2"} 1.0' in scrape
+        assert 'topo_dp_gpu_required_action{action="none",gpu="GPU1"} 1.0' in scrape
+        assert 'topo_dp_gpu_xids_total{bucket="RESTART_APP",gpu="GPU1",xid="13"} 1.0' in scrape
+        if view == "dra":  # what the kubelet writes into a holding pod's allocatedResourcesStatus
+            [report] = [r for r in daemon.dra.health.reports() if r.device == "gpu-2"]
+            assert report.health == "Unhealthy"
+            assert report.message.startswith("GPU2: xid-48: reset GPU (XID 48 (ROBUST_CHANNEL_GPU_ECC_DBE")
         fake.reset_gpu("GPU2")  # the evidence: the field reads none, the remap is applied
         await node.wait("GPU2", "Healthy")
+        assert 'topo_dp_gpu_required_action{action="none",gpu="GPU2"} 1.0' in \
+            generate_latest(daemon.metrics.registry).decode()
+        assert 'action="reset GPU"' not in generate_latest(daemon.metrics.registry).decode()
 
 
 @pytest.mark.parametrize("view", ["kubelet", "dra"])
