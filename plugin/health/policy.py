@@ -27,8 +27,18 @@ from allocator.topology import HEALTHY, UNHEALTHY
 
 from .catalog import Action
 
-__all__ = ["DRIVER_ACTIONS", "action_of_reason", "Evidence", "Fault", "GpuHealth", "driver_action", "observe", "on_fault",
-           "recovery", "taint_value"]
+__all__ = [
+    "DRIVER_ACTIONS",
+    "Evidence",
+    "Fault",
+    "GpuHealth",
+    "action_of_reason",
+    "driver_action",
+    "observe",
+    "on_fault",
+    "recovery",
+    "taint_value",
+]
 
 #: NVML's nvmlDeviceGpuRecoveryAction_t (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230) → our action.
 DRIVER_ACTIONS: dict[int, tuple[str, Action]] = {

@@ -20,6 +20,8 @@ import tempfile
 import pytest
 from click.testing import CliRunner
 from prometheus_client import generate_latest
+from topo_testkit.fake_nvml import FakeNvml, gpu_node_on_disk
+from topo_testkit.kubelet_standin import KubeletStandin
 
 from plugin.cli import cli
 from plugin.dra import DraDriver, DraOptions, SliceOptions
@@ -30,8 +32,6 @@ from plugin.runtime.daemon import Daemon
 from plugin.runtime.options import DaemonOptions
 from plugin.sources.hardware import hardware_source_from_options
 from plugin.sources.udev_hotplug import UdevUnavailable
-from topo_testkit.fake_nvml import FakeNvml, gpu_node_on_disk
-from topo_testkit.kubelet_standin import KubeletStandin
 
 NODE = "node-a"
 DRIVER = "topo.dev"

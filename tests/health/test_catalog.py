@@ -6,12 +6,18 @@ import logging
 import re
 
 import pytest
+from topo_testkit.fake_nvml import FakeNvml
 
-from plugin.health.catalog import BUCKET_ACTION, OLD_APPLICATION_XIDS, Action, Bucket, load_catalog
+from plugin.health.catalog import (
+    BUCKET_ACTION,
+    OLD_APPLICATION_XIDS,
+    Action,
+    Bucket,
+    load_catalog,
+)
 from plugin.health.evidence import EvidenceReader
 from plugin.sources import load_simulated
 from tests.conftest import ROOT
-from topo_testkit.fake_nvml import FakeNvml
 
 
 def test_the_catalog_names_every_xid_from_1_to_162_once_with_a_known_bucket():

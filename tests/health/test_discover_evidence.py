@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from topo_testkit.with_fake_nvml import fake_for, installed
 
 from plugin.cli import cli
-from topo_testkit.with_fake_nvml import fake_for, installed
 
 
 @pytest.mark.parametrize("field", [True, False], ids=["field", "no-field"])

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from topo_testkit.fake_nvml import FakeNvml
 
 from allocator.topology import HEALTHY, UNHEALTHY
 from plugin.health import store
@@ -31,7 +32,6 @@ from plugin.health.monitor import GpuHealthMonitor
 from plugin.health.options import GpuHealthOptions
 from plugin.sources import load_simulated
 from plugin.sources.nvml_gpus import NvmlGpuSource
-from topo_testkit.fake_nvml import FakeNvml
 
 GPU = "GPU2"
 
@@ -209,7 +209,7 @@ def test_a_driver_asking_for_a_reset_without_any_xid_marks_the_gpu(rig):
     fake_for, start, _stop, _proc, _state = rig
     fake, gpus = fake_for(True)
     fake.set_health_facts("GPU5", recovery_action=4)  # drain and reset, seen at start
-    mon, seen = start(fake, gpus)
+    _mon, seen = start(fake, gpus)
     h = seen.wait(lambda h: h["GPU5"].health == UNHEALTHY)
     assert h["GPU5"].reason.startswith("driver: reset GPU")
     fake.reset_gpu("GPU5")

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import os
 
+from topo_testkit.fake_nvml import FakeNvml, gpu_node_on_disk
+
 from allocator.topology import HEALTHY, NodeTopology
 from plugin.health.options import GpuHealthOptions
 from plugin.sources.hardware import hardware_source_from_options
 from plugin.sources.udev_hotplug import UdevUnavailable
-from topo_testkit.fake_nvml import FakeNvml, gpu_node_on_disk
 
 
 def no_udev(_subsystems):

@@ -16,13 +16,14 @@ import random
 import time
 import tracemalloc
 
+from topo_testkit.fake_nvml import FakeNvml
+
 from allocator.topology import HEALTHY, UNHEALTHY
 from plugin.health.catalog import Action
 from plugin.health.monitor import GpuHealthMonitor
 from plugin.health.options import GpuHealthOptions
 from plugin.sources import load_simulated
 from plugin.sources.nvml_gpus import NvmlGpuSource
-from topo_testkit.fake_nvml import FakeNvml
 
 APP = [13, 31, 43, 8, 94, 45, 63]  # RESTART_APP, IGNORE and the application-side workflow entries
 FAULTS = {"GPU2": [48, 95], "GPU3": [109, 119, 120], "GPU4": [79, 46], "GPU5": [79],
