@@ -214,9 +214,13 @@ def test_failing_wait_backs_off_and_never_spins(rig):
     fake, _, start = rig
     fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN)  # until cleared
     mon, _ = start(GpuHealthOptions(**FAST))  # default backoff: 0.5 s, doubling, 30 s cap
+    deadline = time.monotonic() + 10
+    while fake.calls["nvmlEventSetWait"] < 1:  # the first wait, however loaded the machine
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     time.sleep(0.5)
     calls = fake.calls["nvmlEventSetWait"]
-    assert 1 <= calls <= 3, f"{calls} waits in 0.5 s"
+    assert calls <= 3, f"{calls} waits in about 0.5 s: a spinning loop"  # a loaded machine only makes fewer
     # A failing wait says nothing about the GPUs: they answer, so they stay healthy.
     assert all(v == HEALTHY for v in mon.health().values())
 
