@@ -163,6 +163,8 @@ class Device:
     complex_kind: ComplexKind | None = None
     #: NVLink fabric membership of a GPU (multi-node NVLink), None where NVML has none.
     fabric: FabricInfo | None = None
+    #: Why the device is not Healthy (`xid-48: reset GPU (...)`); empty when Healthy or unknown.
+    health_reason: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -259,10 +261,17 @@ class NodeTopology:
         return len(self.devices)
 
     # -- derived copies --------------------------------------------------
-    def with_health(self, health: Mapping[str, str]) -> NodeTopology:
-        """A copy where the named devices have the given health (others unchanged)."""
-        devs = tuple(replace(d, health=health.get(d.name, d.health)) for d in self.devices)
-        return replace(self, devices=devs)
+    def with_health(self, health: Mapping[str, str], reasons: Mapping[str, str] | None = None) -> NodeTopology:
+        """A copy where the named devices have the given health (others unchanged), and the reason
+        from `reasons` (none given: kept while still unhealthy, cleared when Healthy)."""
+        def one(d: Device) -> Device:
+            if d.name not in health:
+                return d
+            h = health[d.name]
+            why = (reasons or {}).get(d.name, "" if h == HEALTHY else d.health_reason)
+            return replace(d, health=h, health_reason=why if h != HEALTHY else "")
+
+        return replace(self, devices=tuple(one(d) for d in self.devices))
 
     def without(self, names: Iterable[str]) -> NodeTopology:
         drop = set(names)

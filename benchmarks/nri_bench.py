@@ -33,7 +33,7 @@ from topo_testkit.nri_runtime import Runtime, build
 from plugin.nri import NriPlugin, PodSandbox
 from plugin.nri import ttrpc
 from plugin.nri.mux import FrameReader, encode_frames
-from plugin.watch.health import Backoff
+from plugin.backoff import Backoff
 
 
 class Quick:

@@ -16,6 +16,7 @@ from .allocate import allocate
 from .demo import demo
 from .discover import discover
 from .explain import explain
+from .health import health
 from .routing import Group
 from .serve import serve
 
@@ -26,7 +27,7 @@ def cli() -> None:
     """Topology-aware Kubernetes device plugin for GPUs and high-performance NICs."""
 
 
-for _cmd in (serve, discover, demo, allocate, explain):
+for _cmd in (serve, discover, demo, allocate, explain, health):
     cli.add_command(_cmd)
 
 

@@ -7,6 +7,7 @@ import json
 import click
 import yaml
 
+from ..health.policy import DRIVER_ACTIONS, Evidence
 from ..model.render import render_dot, render_table, to_data
 from ..model.resources import build_resources
 from ..sources import builtin_names
@@ -51,3 +52,32 @@ def discover(settings: Settings, fmt: str, list_builtins: bool) -> None:
         click.echo(render_dot(topology), nl=False)
     else:
         click.echo(render_table(topology, resources, source.description), nl=False)
+    evidence = getattr(source, "gpu_evidence", None)
+    if evidence is not None and fmt == "table":
+        click.echo(render_evidence(evidence()), nl=False)
+
+
+def _fact(value: object, yes: str) -> str:
+    return "n/a" if value is None else yes if value else "no"
+
+
+def render_evidence(rows: list[tuple[str, str, Evidence]]) -> str:
+    """What the driver says each GPU needs (a real node): its recovery action and pending repairs."""
+    if not rows:
+        return ""
+    lines = ["", "GPU health from the driver (n/a: this driver cannot say; docs/gpu-discovery.md \"Health\"):"]
+    table = [["GPU", "RECOVERY ACTION", "ROW REMAP", "RETIRED PAGES", "VOLATILE DBE"]]
+    for name, _uuid, ev in rows:
+        if not ev.answers:
+            table.append([name, "GPU lost (NVML cannot reach it)", "-", "-", "-"])
+            continue
+        action = "n/a" if ev.recovery_action is None else \
+            f"{ev.recovery_action} ({DRIVER_ACTIONS.get(ev.recovery_action, ('unknown',))[0]})"
+        remap = _fact(ev.remap_pending, "pending (reset needed)")
+        if ev.remap_failed:
+            remap += ", failed before"
+        table.append([name, action, remap, _fact(ev.retired_pending, "pending (reset needed)"),
+                      "n/a" if ev.volatile_dbe is None else str(ev.volatile_dbe)])
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    return "\n".join(lines) + "\n"

@@ -67,6 +67,19 @@ def _option_fix(path: list[Any]) -> str | None:
     return None
 
 
+def _bucket_fix(data: Any, path: list[Any]) -> str | None:
+    """Did-you-mean for a `gpus.health.xidBuckets` value: the nearest of NVIDIA's XID catalog buckets."""
+    if len(path) != 4 or path[:3] != ["gpus", "health", "xidBuckets"]:
+        return None
+    import difflib  # noqa: PLC0415 - only on this error path
+
+    known = _schema()["properties"]["gpus"]["properties"]["health"]["properties"]["xidBuckets"][
+        "additionalProperties"]["enum"]
+    value = str(data["gpus"]["health"]["xidBuckets"][path[3]]).upper()
+    near = difflib.get_close_matches(value, known, n=1)
+    return (f"did you mean {near[0]}? " if near else "") + f"a bucket of NVIDIA's XID catalog: {', '.join(known)}"
+
+
 def parse_config(text: str, path: str) -> Config:
     try:
         data, root = yaml_input.load(text)
@@ -79,7 +92,7 @@ def parse_config(text: str, path: str) -> Config:
         raise _error(path, e) from None
     if bad is not None:
         hint = (unknown_keys_fix(_schema(), data, bad.path) if bad.validator == "additionalProperties"
-                else _option_fix(bad.path) or "see docs/configuration.md")
+                else _option_fix(bad.path) or _bucket_fix(data, bad.path) or "see docs/configuration.md")
         raise ConfigError(f"{path}:{bad.line}: field {bad.field}: {bad.message} (fix: {hint})")
     try:
         nvidia.check_top_level(data)

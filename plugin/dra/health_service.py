@@ -90,14 +90,16 @@ class HealthBoard:
         """Take the health of `topology`'s DRA devices; True (and streams woken) when anything changed."""
         fresh: dict[str, DeviceHealthReport] = {}
         for name, d in device_table(topology, self.options).items():
-            msg = "" if d.health == HEALTHY else f"{d.name} is {d.health} (the node's health checks say so)"
+            msg = "" if d.health == HEALTHY else (f"{d.name}: {d.health_reason}" if d.health_reason
+                                                  else f"{d.name} is {d.health} (the node's health checks say so)")
             fresh[name] = DeviceHealthReport(self.options.pool, name, d.health, msg)
         if fresh == self._reports:
             return False
         for name, r in fresh.items():
             old = self._reports.get(name)
             if self._reports and (old is None or old.health != r.health):
-                log.info("DRA device health changed", extra={"device": name, "health": r.health})
+                log.info("DRA device health changed", extra={"device": name, "health": r.health,
+                                                             **({"reason": r.message} if r.message else {})})
         self._reports = fresh
         self._wake()
         return True

@@ -179,6 +179,7 @@ def table_entries(topology: NodeTopology, gpu: Device, mig: DraMig) -> dict[str,
 
 def _placement_device(gpu: Device, p: Placement) -> Device:
     return Device(name=f"{gpu.name}-mig-{p.profile.name}-{p.start}", kind=DeviceKind.MIG, index=gpu.index,
-                  numa=gpu.numa, health=gpu.health, pci_bus_id=gpu.pci_bus_id, model=gpu.model, minor=gpu.minor,
+                  numa=gpu.numa, health=gpu.health, health_reason=gpu.health_reason, pci_bus_id=gpu.pci_bus_id,
+                  model=gpu.model, minor=gpu.minor,
                   memory_mib=gpu.memory_mib, parent=gpu.name,
                   attributes={DYNAMIC: "true", "profile": p.profile.name, START: str(p.start)})

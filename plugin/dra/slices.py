@@ -44,6 +44,7 @@ from typing import Any
 
 from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
 
+from ..health.policy import taint_value
 from ..model.identity import device_uuid
 from .mig_devices import MAX_COUNTER_SETS_PER_SLICE, DraMig, counter_sets, expand_gpu, table_entries
 from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
@@ -282,7 +283,9 @@ def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[st
                 # know nothing of sharing still get a GPU of their own.
                 entry["allowMultipleAllocations"] = True
         if not d.healthy:
-            entry["taints"] = [{"key": f"{options.driver_name}/unhealthy", "value": d.health,
+            # The value names the cause and the action (`xid-48.reset-gpu`): a taint value must be a label value.
+            entry["taints"] = [{"key": f"{options.driver_name}/unhealthy",
+                                "value": taint_value(d.health_reason) if d.health_reason else d.health,
                                 "effect": "NoSchedule"}]
         out.extend(expand_gpu(topology, d, entry, options.mig) if d.kind == DeviceKind.GPU else [entry])
     return out

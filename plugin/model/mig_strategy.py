@@ -71,7 +71,7 @@ def _children(topology: NodeTopology) -> dict[str, list[Device]]:
 def _with_parent_health(gpu: Device, migs: list[Device]) -> list[Device]:
     if gpu.healthy:
         return migs
-    return [replace(m, health=UNHEALTHY) for m in migs]
+    return [replace(m, health=UNHEALTHY, health_reason=gpu.health_reason) for m in migs]
 
 
 def _names(devices: list[Device]) -> str:

@@ -9,9 +9,12 @@ plugin/observability/health_endpoint.py.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 
 class Metrics:
@@ -53,6 +56,14 @@ class Metrics:
             "HTTP endpoint connections cut: timeout (request or response too slow), evicted (the oldest "
             "idle one, to admit a new one at the cap), full (every connection busy), bad_request",
             ["reason"], registry=r)
+        self.gpu_action = Gauge("topo_dp_gpu_required_action",
+                                "1 for each GPU's current required action (none, reset GPU, restart node, "
+                                "contact support); the reason is in the log and the DRA device status",
+                                ["gpu", "action"], registry=r)
+        #: Where the XID counts come from at scrape time ({(gpu, xid, bucket): count}); None: no GPU health.
+        self.xid_source: Callable[[], Mapping[tuple[str, int, str], int]] | None = None
+        r.register(_XidCollector(self))
+        self._gpu_actions: dict[str, str] = {}
         self.heartbeat = time.monotonic()
         #: (metric, label values) -> child: `labels()` takes a lock and rebuilds the key on every call,
         #: a tenth of an empty RPC's server time; the per-request metrics look their child up here.
@@ -91,8 +102,38 @@ class Metrics:
         self.devices.labels(resource, "Healthy").set(healthy)
         self.devices.labels(resource, "Unhealthy").set(unhealthy)
 
+    def set_gpu_actions(self, actions: Mapping[str, str]) -> None:
+        """{gpu: required action}: one series per GPU at 1, the GPU's former action's series removed."""
+        for gpu, old in list(self._gpu_actions.items()):
+            if actions.get(gpu) != old:
+                self.gpu_action.remove(gpu, old)
+                del self._gpu_actions[gpu]
+        for gpu, action in actions.items():
+            if gpu not in self._gpu_actions:
+                self.gpu_action.labels(gpu, action).set(1)
+                self._gpu_actions[gpu] = action
+
     def http_dropped(self, reason: str) -> None:
         self.http_connections_dropped.labels(reason).inc()
 
     def beat(self) -> None:
         self.heartbeat = time.monotonic()
+
+
+class _XidCollector(Collector):
+    """`topo_dp_gpu_xids_total{gpu, xid, bucket}`, read from the GPU health monitor at scrape time.
+
+    Why a collector: the counts live in the monitor thread (bounded: GPUs × XIDs); copying them
+    into a Counter on every event of a storm would cost the monitor a lock per event."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("topo_dp_gpu_xids", "XID events seen per GPU, with the catalog bucket "
+                                     "that decided them", labels=["gpu", "xid", "bucket"])
+        source = self.metrics.xid_source
+        counts = source() if source is not None else {}
+        for (gpu, xid, bucket), n in sorted(counts.items()):
+            family.add_metric([gpu, str(xid), bucket], n)
+        yield family

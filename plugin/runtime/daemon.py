@@ -33,6 +33,7 @@ from ..allocation.pairing_service import PairingService
 from ..allocation.pod_resources import PodResourcesReader
 from ..allocation.search_pool import SearchPool
 from ..errors import InputError, TopoDevicePluginError
+from ..health.policy import action_of_reason
 from ..heap import release_free_heap
 from ..model.cdi.sync import SpecSync
 from ..model.resources import Resource, ResourceOptions, build_resources
@@ -84,6 +85,7 @@ class Daemon:
             default_policy_factory, tables=self.subset_tables)
         self.reload_resources = reload_resources
         self.metrics = metrics or Metrics()
+        self.metrics.xid_source = getattr(source, "xid_counts", None)
         self.servers: dict[str, ResourceServer] = {}
         self.topology: NodeTopology | None = None
         self._tasks: list[asyncio.Task] = []
@@ -157,6 +159,7 @@ class Daemon:
 
     async def _serve(self, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> int:
         self.topology = await asyncio.to_thread(self.source.load)
+        self._count_gpu_actions(self.topology)
         await asyncio.to_thread(release_free_heap, "discovery")
         resources, dra_resources = split(build_resources(self.topology, self.resource_options, self.subset_tables),
                                          self.resource_options.dra_resources)
@@ -328,6 +331,7 @@ class Daemon:
         """Serve `resources` (built for `topology`) in place of what is served now."""
         self.topology = topology
         self.metrics.topology_updates.inc()
+        self._count_gpu_actions(topology)
         if self.dra is not None:
             self.dra_devices.set(dra_resources)
             self.dra.update(topology)
@@ -395,6 +399,11 @@ class Daemon:
     def _count_devices(self, r: Resource) -> None:
         healthy = sum(1 for d in r.devices if d.device.healthy)
         self.metrics.set_devices(r.name, healthy, len(r.devices) - healthy)
+
+    def _count_gpu_actions(self, topology: NodeTopology) -> None:
+        """Each GPU's required action for the metrics, whichever way (device plugin, DRA) it is served."""
+        self.metrics.set_gpu_actions({g.name: action_of_reason(g.health_reason).value if not g.healthy
+                                      else "none" for g in topology.gpus})
 
 
 

@@ -63,6 +63,7 @@ from .sysfs_nics import NicInventory, discover_nics, link_states
 from .udev_hotplug import SUBSYSTEMS, HotplugWatcher, MonitorFactory, UdevMonitor
 
 if TYPE_CHECKING:
+    from ..health.policy import GpuHealth
     from .fabric_labels import FabricLabelFile
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class HardwareOptions:
     nics: bool = True
     #: `NodeTopology.source`; default: the host name.
     node_name: str | None = None
-    #: GPU health: `plugin.watch.health.GpuHealthOptions`, or the config's `gpus.health` mapping; None: defaults.
+    #: GPU health: `plugin.health.options.GpuHealthOptions`, or the config's `gpus.health` mapping; None: defaults.
     gpu_health: Any = None
     #: NICs on a down link (the PF's, for VFs) are Unhealthy, and link changes trigger a rescan.
     nic_link_health: bool = False
@@ -221,16 +222,17 @@ class HardwareSource:
 
             kw: dict[str, Any] = {}
             if isinstance(o.gpu_health, Mapping):  # the config file's `gpus.health` section
-                from ..watch.health import GpuHealthOptions  # noqa: PLC0415 (as above)
+                from ..health.options import GpuHealthOptions  # noqa: PLC0415 (as above)
 
-                kw["health"] = GpuHealthOptions.from_config(o.gpu_health)
+                kw["health"] = GpuHealthOptions.from_config(o.gpu_health, proc_root=o.proc_root)
             elif o.gpu_health is not None:
-                kw["health"] = o.gpu_health
+                # The boot ID is read under the node's procfs, whoever built the options.
+                kw["health"] = replace(o.gpu_health, proc_root=o.proc_root)
             self._gpu_source = NvmlGpuSource(o.nvml, o.sysfs_root, o.fail_on_init_error, proc_root=o.proc_root, **kw)
         #: The last NIC scan (offered NICs and why others were not offered), for `discover`.
         self.nic_inventory: NicInventory = NicInventory(devices=())
         self._base: NodeTopology | None = None
-        self._gpu_health: dict[str, str] = {}
+        self._gpu_health: dict[str, GpuHealth] = {}
         self.watcher: HotplugWatcher | None = None
         self._warned: set[str] = set()
         self.labels: FabricLabelFile | None = None
@@ -238,6 +240,15 @@ class HardwareSource:
             from .fabric_labels import FabricLabelFile  # noqa: PLC0415 (only with a fabric labels file)
 
             self.labels = FabricLabelFile(o.fabric_labels_file)
+
+    def xid_counts(self) -> dict[tuple[str, int, str], int]:
+        """XID events per (GPU, XID, bucket) since the health monitor started (metrics read it at scrape time)."""
+        return self._gpu_source.xid_counts() if self._gpu_source is not None else {}
+
+    def gpu_evidence(self) -> list[tuple[str, str, Any]]:
+        """(GPU, UUID, `plugin.health.policy.Evidence`) for each GPU, read now (`discover` prints them)."""
+        return self._gpu_source.evidence(self._base.gpus if self._base is not None else ()) \
+            if self._gpu_source is not None else []
 
     @property
     def gpu_init_error(self) -> Exception | None:
@@ -302,16 +313,19 @@ class HardwareSource:
         topology = self.discover()
         self._update_labels(topology)
         self._base = topology
-        self._gpu_health = {}
+        # Faults a previous daemon saved in this boot are served from the first answer on.
+        self._gpu_health = self._gpu_source.saved_faults(topology.gpus) if self._gpu_source is not None else {}
         log.info("discovered %d GPUs and %d NICs (%d network functions not offered)",
                  len(topology.gpus), len(topology.nics), len(self.nic_inventory.skipped))
-        return topology
+        return self._with_health(topology)
 
     # -- watching ----------------------------------------------------------------
     def _with_health(self, base: NodeTopology) -> NodeTopology:
         names = {d.name for d in base.gpus}
         overlay = {k: v for k, v in self._gpu_health.items() if k in names}
-        return base.with_health(overlay) if overlay else base
+        if not overlay:
+            return base
+        return base.with_health({k: v.health for k, v in overlay.items()}, {k: v.reason for k, v in overlay.items()})
 
     def _link_states(self) -> Mapping[str, str]:
         base = self._base
@@ -336,10 +350,10 @@ class HardwareSource:
                 self._restart_health()
             emit(self._with_health(base))
 
-        def on_health(health: Mapping[str, str]) -> None:
+        def on_health(health: Mapping[str, GpuHealth]) -> None:
             # Healthy again means "no override": the rescan's own health stands.
             for name, h in health.items():
-                if h == HEALTHY:
+                if h.health == HEALTHY:
                     self._gpu_health.pop(name, None)
                 else:
                     self._gpu_health[name] = h
@@ -348,7 +362,14 @@ class HardwareSource:
             if self.labels is not None and self.watcher is not None:
                 self.watcher.kick("GPU health changed: re-read the NVLink fabric state")
 
+        def on_links(gpu: str, why: str) -> None:
+            # A dead NVLink (or one back): discovery counts only active links, so a rescan takes it out of
+            # (or back into) the topology the allocator and the DRA slices use; GPU health is kept.
+            if self.watcher is not None:
+                self.watcher.kick(why)
+
         self._on_health = on_health
+        self._on_links = on_links
         self.watcher = HotplugWatcher(
             self.discover, on_rescan,
             debounce_s=o.debounce_s, max_delay_s=o.max_debounce_s,
@@ -400,7 +421,7 @@ class HardwareSource:
             old.cancel()
         self._gpu_health = {k: v for k, v in self._gpu_health.items() if k in {g.name for g in self._base.gpus}}
         self._health_task = asyncio.get_running_loop().create_task(
-            self._gpu_source.watch_health(self._base.gpus, self._on_health), name="gpu-health")
+            self._gpu_source.watch_health(self._base.gpus, self._on_health, self._on_links), name="gpu-health")
 
     async def _stop_health(self) -> None:
         task = getattr(self, "_health_task", None)

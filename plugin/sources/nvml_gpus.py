@@ -63,7 +63,12 @@ from typing import Any
 
 from allocator.topology import HEALTHY, UNHEALTHY, Device, FabricInfo, DeviceKind, Link, LinkLevel, NodeTopology
 
-from ..watch.health import GpuHealthOptions, watch_gpu_health
+from ..health.monitor import GpuHealthMonitor
+from ..health.options import GpuHealthOptions
+from ..health.evidence import EvidenceReader, read_boot_id
+from ..health.policy import Evidence, Fault, GpuHealth
+from ..health.store import restorable
+from ..health.service import watch_gpu_health
 from .base import Publish
 from ..errors import RuntimeFailure
 from .nvml_mig import CapsReader, ProfileCalls, discover_migs
@@ -424,10 +429,12 @@ class NvmlGpuSource:
         self.sysfs_root = sysfs_root
         self.proc_root = proc_root
         self.fail_on_init_error = fail_on_init_error
-        self.health = health if health is not None else GpuHealthOptions()
+        self.health = health if health is not None else GpuHealthOptions(proc_root=proc_root)
         self.description = f"nvml (sysfs {sysfs_root})"
         #: The error that made the last discovery serve zero GPUs (fail_on_init_error=False), if any.
         self.init_error: DiscoveryError | None = None
+        #: The GPU health monitor while one runs.
+        self.monitor: GpuHealthMonitor | None = None
 
     @property
     def nvml(self) -> Any:
@@ -480,18 +487,49 @@ class NvmlGpuSource:
                 log.debug("nvmlShutdown failed", extra={"reason": str(e)})
         return out
 
-    async def watch_health(self, gpus: Sequence[Device], on_health: Callable[[Mapping[str, str]], None]) -> None:
-        """Run GPU health until cancelled; `on_health({gpu name: health})` on the loop at each change."""
+    async def watch_health(self, gpus: Sequence[Device], on_health: Callable[[Mapping[str, GpuHealth]], None],
+                           on_links: Callable[[str, str], None] | None = None) -> None:
+        """Run GPU health until cancelled; `on_health({gpu name: GpuHealth})` on the loop at each change,
+        `on_links(gpu, why)` when a GPU's active NVLinks changed."""
         if not gpus or self.init_error is not None or not self.health.enabled:
             await asyncio.Event().wait()
             return
-        await watch_gpu_health(self.nvml, gpus, self.health, on_health)
+        await watch_gpu_health(self.nvml, gpus, self.health, on_health, on_links=on_links, started=self._started)
+
+    def _started(self, monitor: GpuHealthMonitor) -> None:
+        self.monitor = monitor
+
+    def evidence(self, gpus: Sequence[Device]) -> list[tuple[str, str, Evidence]]:
+        """Each GPU's health evidence, read now: the recovery action, pending repairs (for `discover`)."""
+        if not gpus or self.init_error is not None:
+            return []
+        nvml = self.nvml
+        nvml.nvmlInit()
+        try:
+            reader = EvidenceReader(nvml)
+            return [(g.name, g.uuid, reader.read(g.uuid)) for g in gpus if g.uuid]
+        finally:
+            nvml.nvmlShutdown()
+
+    def saved_faults(self, gpus: Sequence[Device]) -> dict[str, GpuHealth]:
+        """The faults a previous daemon saved in this boot (gpus.health.stateDirectory), as served health."""
+        directory = self.health.state_directory
+        if directory is None or not self.health.enabled:
+            return {}
+        saved = restorable(directory, read_boot_id(self.health.proc_root), {g.name: g.uuid for g in gpus if g.uuid})
+        return {n: GpuHealth.of(Fault(f.action, f.cause, f.detail, 0.0)) for n, f in saved.items()}
+
+    def xid_counts(self) -> dict[tuple[str, int, str], int]:
+        """XID events per (GPU, XID, bucket) seen by the running health monitor (for the metrics)."""
+        monitor = self.monitor
+        return dict(monitor.xid_counts) if monitor is not None else {}
 
     async def watch(self, current: NodeTopology, publish: Publish) -> None:
         state = {"topology": current}
 
-        def on_health(health: Mapping[str, str]) -> None:
-            new = state["topology"].with_health(health)
+        def on_health(health: Mapping[str, GpuHealth]) -> None:
+            new = state["topology"].with_health({n: h.health for n, h in health.items()},
+                                                {n: h.reason for n, h in health.items()})
             if new != state["topology"]:
                 state["topology"] = new
                 publish(new)

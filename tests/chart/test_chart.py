@@ -338,7 +338,12 @@ def test_default_mounts(default):
     assert volumes["config"]["configMap"]["name"] == default.get("ConfigMap")["metadata"]["name"]
     assert "emptyDir" in volumes["tmp"]  # the root filesystem is read-only
     hostpaths = sorted(v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v)
-    assert hostpaths == ["/sys", "/var/lib/kubelet/device-plugins"]
+    assert hostpaths == ["/sys", "/var/lib/kubelet/device-plugins", "/var/lib/topo-device-plugin"]
+    # GPU faults outlive a daemon restart there, and `health clear` writes the operator's clears there.
+    assert volumes["gpu-health-state"]["hostPath"] == {"path": "/var/lib/topo-device-plugin",
+                                                       "type": "DirectoryOrCreate"}
+    assert mounts["gpu-health-state"]["mountPath"] == "/var/lib/topo-device-plugin"
+    assert not mounts["gpu-health-state"].get("readOnly")
 
 
 def test_default_security_context(default):

@@ -13,7 +13,7 @@ import pytest
 from plugin.api import api_pb2, api_pb2_grpc
 from plugin.runtime.daemon import Daemon, DaemonOptions
 from plugin.model.gpu_allocate import GpuAllocateOptions
-from plugin.watch.health import GpuHealthOptions
+from plugin.health.options import GpuHealthOptions
 from plugin.model.resources import ResourceOptions
 from plugin.sources.hardware import hardware_source_from_options
 from plugin.sources.simulated import load_simulated

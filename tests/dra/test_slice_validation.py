@@ -131,3 +131,25 @@ def test_gpus_shared_by_consumable_capacity_are_accepted(validator):
                 if d["name"].startswith("nic-") and "allowMultipleAllocations" in d]
     out = accepted(validate(validator, slices))
     assert sum(o["devices"] for o in out) == 16
+
+
+def test_taint_values_naming_the_xid_and_the_action_are_accepted(validator):
+    """The taint value carries the reason (`xid-48.reset-gpu`); the API server wants a label value there,
+    which the reason in words (`xid-48: reset GPU`) is not."""
+    from plugin.health.policy import GpuHealth, Fault
+    from plugin.health.catalog import Action
+
+    t = load_simulated("dgx-h100")
+    reasons = {g.name: GpuHealth.of(Fault(a, c, "XID 1 (X, bucket Y)", 0.0)).reason for g, (a, c) in zip(
+        t.gpus, [(Action.RESET_GPU, "xid-48"), (Action.RESTART_NODE, "xid-79"), (Action.CONTACT_SUPPORT, "xid-57"),
+                 (Action.RESET_GPU, "driver"), (Action.RESET_GPU, "ecc-dbe"), (Action.RESET_GPU, "lost")])}
+    sick = t.with_health({n: "Unhealthy" for n in reasons}, reasons)
+    slices = build_resource_slices(sick, OPTS, generation=1, node_uid="6c1b1c9e-0d34-4f55-9c1e-54a3c3f3b0a7")
+    out = accepted(validate(validator, slices))
+    assert sum(o["taints"] for o in out) == len(reasons)
+    values = sorted(tt["value"] for s in slices for d in s["spec"]["devices"] for tt in d.get("taints", ()))
+    assert values == sorted(["xid-48.reset-gpu", "xid-79.restart-node", "xid-57.contact-support",
+                             "driver.reset-gpu", "ecc-dbe.reset-gpu", "lost.reset-gpu"])
+    raw = _broken(lambda s: _dev(s).update(taints=[{"key": "topo.dev/unhealthy", "value": "xid-48: reset GPU",
+                                                    "effect": "NoSchedule"}]))
+    assert validate(validator, raw).returncode == 1

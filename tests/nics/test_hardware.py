@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from allocator.topology import UNHEALTHY, DeviceKind, LinkLevel, NodeTopology
-from plugin.watch.health import GpuHealthOptions
+from plugin.health.options import GpuHealthOptions
 from plugin.model.nic_pools import parse_pools
 from plugin.model.resources import ResourceOptions, build_resources
 from plugin.errors import RuntimeFailure
@@ -114,8 +114,8 @@ async def test_watch_merges_gpu_health_and_nic_hotplug(node):
     published: list[NodeTopology] = []
     task = asyncio.create_task(src.watch(first, published.append))
     assert await asyncio.to_thread(nvml.wait_registered, None, 5.0)
-    nvml.inject_xid("GPU3", 79)
-    await _until(lambda: published and published[-1].device("GPU3").health == UNHEALTHY)
+    nvml.inject_xid("GPU3", 48)  # reset GPU; the driver's recovery action reads none: back after the quiet period
+    await _until(lambda: published and published[-1].device("GPU3").health == UNHEALTHY, timeout=10)
     # A NIC hot-plug meanwhile: the rescan must keep GPU3 unhealthy.
     eno2 = node.function("eno2").bdf
     os.unlink(os.path.join(node.sysfs_root, "bus", "pci", "devices", eno2))
@@ -123,7 +123,7 @@ async def test_watch_merges_gpu_health_and_nic_hotplug(node):
     await _until(lambda: eno2 not in {d.name for d in published[-1].nics})
     assert published[-1].device("GPU3").health == UNHEALTHY
     # And the GPU recovers after the quiet period.
-    await _until(lambda: published[-1].device("GPU3").healthy, timeout=5)
+    await _until(lambda: published[-1].device("GPU3").healthy, timeout=10)
     assert eno2 not in {d.name for d in published[-1].nics}
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

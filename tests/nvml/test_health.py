@@ -1,8 +1,9 @@
-"""GPU health: XID/ECC events mark GPUs unhealthy at once, GPUs recover, failures back off, stop joins.
+"""GPU health: the monitor thread on the NVML double: XIDs by bucket, recovery on evidence, failures back off.
 
 Real (small) time values: the monitor is a real thread on the fake NVML's
 blocking event wait. Nothing here sleeps through a quiet period to prove a
-GPU went unhealthy.
+GPU went unhealthy, and nothing asserts how fast anything happened
+(benchmarks/health_bench.py measures that).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import pynvml
 import pytest
 
 from allocator.topology import HEALTHY, UNHEALTHY
-from plugin.watch.health import DEFAULT_IGNORED_XIDS, Backoff, GpuHealthMonitor, GpuHealthOptions
+from plugin.health.catalog import OLD_APPLICATION_XIDS
+from plugin.health.monitor import GpuHealthMonitor
+from plugin.health.options import GpuHealthOptions
+from plugin.backoff import Backoff
 from plugin.sources import load_simulated
 from topo_testkit.fake_nvml import FakeNvml
 from plugin.sources.nvml_gpus import NvmlGpuSource
@@ -30,8 +34,9 @@ class Recorder:
         self.q: queue.Queue = queue.Queue()
         self.seen: list[tuple[float, dict[str, str]]] = []
 
-    def __call__(self, health: dict[str, str]) -> None:
-        self.q.put((time.monotonic(), dict(health)))
+    def __call__(self, health) -> None:
+        self.reasons = {n: h.reason for n, h in health.items()}
+        self.q.put((time.monotonic(), {n: h.health for n, h in health.items()}))
 
     def wait_for(self, pred, timeout: float = 3.0) -> tuple[float, dict[str, str]]:
         deadline = time.monotonic() + timeout
@@ -83,35 +88,38 @@ def healthy(name):
 def test_critical_xid_marks_the_gpu_unhealthy_at_once(rig):
     fake, _, start = rig
     mon, rec = start(GpuHealthOptions(quiet_period_s=60, **FAST))
-    t0 = time.monotonic()
     assert fake.inject_xid("GPU3", 79) == 1
-    t, h = rec.wait_for(unhealthy("GPU3"))
-    assert t - t0 < 0.1, f"took {t - t0:.3f}s"
+    _, h = rec.wait_for(unhealthy("GPU3"))
     assert [n for n, v in h.items() if v != HEALTHY] == ["GPU3"]
     assert mon.health()["GPU3"] == UNHEALTHY
+    assert rec.reasons["GPU3"].startswith("xid-79: restart node (XID 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS")
 
 
-def test_default_ignored_xids_change_nothing(rig):
+def test_catalog_application_xids_change_nothing_but_109_needs_a_reset(rig):
     fake, _, start = rig
     mon, rec = start()
-    assert DEFAULT_IGNORED_XIDS == {13, 31, 43, 45, 68, 109}
-    for xid in sorted(DEFAULT_IGNORED_XIDS):
+    assert OLD_APPLICATION_XIDS == {13, 31, 43, 45, 68, 109}
+    for xid in sorted(OLD_APPLICATION_XIDS - {109}):
         fake.inject_xid("GPU0", xid)
-    fake.inject_xid("GPU1", 48)  # events are handled in order: once GPU1 is marked, the ignored ones were seen
+    fake.inject_xid("GPU1", 109)  # events are handled in order: once GPU1 is marked, the others were seen
     _, h = rec.wait_for(unhealthy("GPU1"))
     assert h["GPU0"] == HEALTHY
-    assert mon.stats.ignored_events == len(DEFAULT_IGNORED_XIDS)
+    assert mon.stats.ignored_events == len(OLD_APPLICATION_XIDS) - 1
+    assert rec.reasons["GPU1"].startswith("xid-109: reset GPU")
+    assert mon.xid_counts[("GPU0", 13, "RESTART_APP")] == 1 and mon.xid_counts[("GPU1", 109, "RESET_GPU")] == 1
 
 
 def test_configured_xids(rig):
     fake, _, start = rig
-    opts = GpuHealthOptions.from_config({"ignoredXids": [79], "criticalXids": [13]}, **FAST)
+    opts = GpuHealthOptions.from_config({"ignoredXids": [79], "criticalXids": [13],
+                                         "xidBuckets": {"31": "restart_bm"}}, **FAST)
     mon, rec = start(opts)
     fake.inject_xid("GPU0", 79)  # ignored now
-    fake.inject_xid("GPU1", 31)  # no longer in the (replaced) ignore list
-    fake.inject_xid("GPU2", 13)  # critical wins
+    fake.inject_xid("GPU1", 31)  # the bucket override
+    fake.inject_xid("GPU2", 13)  # critical wins over the catalog's RESTART_APP
     _, h = rec.wait_for(lambda h: h["GPU1"] == h["GPU2"] == UNHEALTHY)
     assert h["GPU0"] == HEALTHY
+    assert rec.reasons["GPU1"].startswith("xid-31: restart node") and rec.reasons["GPU2"].startswith("xid-13: reset GPU")
 
 
 def test_double_bit_ecc_marks_unhealthy_unless_disabled(rig):
@@ -133,10 +141,10 @@ def test_double_bit_ecc_can_be_ignored(rig):
 def test_recovers_after_the_quiet_period(rig):
     fake, _, start = rig
     mon, rec = start(GpuHealthOptions(quiet_period_s=0.3, **FAST))
-    fake.inject_xid("GPU2", 79)
+    fake.inject_xid("GPU2", 48)  # reset GPU; the driver's recovery action reads none: healthy after the quiet period
     t1, _ = rec.wait_for(unhealthy("GPU2"))
-    t2, h = rec.wait_for(healthy("GPU2"), timeout=3.0)
-    assert 0.3 - 0.05 <= t2 - t1 < 1.5
+    t2, h = rec.wait_for(healthy("GPU2"), timeout=10.0)
+    assert t2 - t1 >= 0.3 - 0.05, "recovered before the quiet period"
     assert all(v == HEALTHY for v in h.values())
     assert mon.stats.recoveries == 1
 
@@ -144,12 +152,12 @@ def test_recovers_after_the_quiet_period(rig):
 def test_a_new_event_restarts_the_quiet_period(rig):
     fake, _, start = rig
     _, rec = start(GpuHealthOptions(quiet_period_s=0.4, **FAST))
-    fake.inject_xid("GPU2", 79)
+    fake.inject_xid("GPU2", 46)
     t1, _ = rec.wait_for(unhealthy("GPU2"))
     time.sleep(0.25)
     t_again = time.monotonic()
-    fake.inject_xid("GPU2", 94)
-    t2, _ = rec.wait_for(healthy("GPU2"), timeout=3.0)
+    fake.inject_xid("GPU2", 62)
+    t2, _ = rec.wait_for(healthy("GPU2"), timeout=10.0)
     assert t2 - t_again >= 0.4 - 0.05, "recovered before a full quiet period after the last event"
 
 
@@ -157,12 +165,12 @@ def test_no_recovery_while_nvml_does_not_answer(rig):
     fake, _, start = rig
     mon, rec = start(GpuHealthOptions(quiet_period_s=0.1, probe_interval_s=0.05, **FAST))
     fake.lose("GPU4")
-    fake.inject_xid("GPU4", 79)
+    fake.inject_xid("GPU4", 46)
     rec.wait_for(unhealthy("GPU4"))
     time.sleep(0.5)  # several quiet periods: still lost
     assert mon.health()["GPU4"] == UNHEALTHY
-    fake.restore("GPU4")
-    rec.wait_for(healthy("GPU4"), timeout=3.0)
+    fake.restore("GPU4")  # back after being lost: a reset
+    rec.wait_for(healthy("GPU4"), timeout=10.0)
 
 
 def test_a_gpu_without_a_handle_at_start_is_unhealthy_then_recovers(rig):
@@ -171,7 +179,7 @@ def test_a_gpu_without_a_handle_at_start_is_unhealthy_then_recovers(rig):
     mon, rec = start(GpuHealthOptions(quiet_period_s=0.1, probe_interval_s=0.05, **FAST), register=False)
     rec.wait_for(unhealthy("GPU1"))
     fake.restore("GPU1")
-    rec.wait_for(healthy("GPU1"), timeout=3.0)
+    rec.wait_for(healthy("GPU1"), timeout=10.0)
     assert fake.wait_registered(["GPU1"], timeout=3.0), "a recovered GPU is watched again"
 
 
@@ -183,20 +191,36 @@ def test_registration_errors(rig):
     assert h["GPU3"] == HEALTHY  # too old to deliver events: logged, not condemned (as NVIDIA)
 
 
-def test_an_event_on_a_gpu_nvml_cannot_name_condemns_all(rig):
+def test_an_xid_79_on_a_lost_gpu_marks_that_gpu_only(rig):
+    """The event carries the device handle: matched against the handles of registration, no UUID needed."""
     fake, _, start = rig
-    _, rec = start()
+    mon, rec = start(GpuHealthOptions(quiet_period_s=60, **FAST))
+    fake.lose("GPU5")  # nvmlDeviceGetUUID(handle) now fails with GPU_IS_LOST
+    fake.inject_xid("GPU5", 79)
+    _, h = rec.wait_for(unhealthy("GPU5"))
+    assert [n for n, v in h.items() if v != HEALTHY] == ["GPU5"]
+
+
+def test_an_event_no_handle_matches_probes_and_marks_only_the_lost_gpus(rig):
+    fake, _, start = rig
+    mon, rec = start(GpuHealthOptions(quiet_period_s=60, **FAST))
+    fake.lose("GPU6")
     fake.inject_xid(None, 79)
-    _, h = rec.wait_for(lambda h: all(v == UNHEALTHY for v in h.values()))
+    _, h = rec.wait_for(unhealthy("GPU6"))
+    assert [n for n, v in h.items() if v != HEALTHY] == ["GPU6"]
 
 
 def test_failing_wait_backs_off_and_never_spins(rig):
     fake, _, start = rig
     fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN)  # until cleared
     mon, _ = start(GpuHealthOptions(**FAST))  # default backoff: 0.5 s, doubling, 30 s cap
+    deadline = time.monotonic() + 10
+    while fake.calls["nvmlEventSetWait"] < 1:  # the first wait, however loaded the machine
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     time.sleep(0.5)
     calls = fake.calls["nvmlEventSetWait"]
-    assert 1 <= calls <= 3, f"{calls} waits in 0.5 s"
+    assert calls <= 3, f"{calls} waits in about 0.5 s: a spinning loop"  # a loaded machine only makes fewer
     # A failing wait says nothing about the GPUs: they answer, so they stay healthy.
     assert all(v == HEALTHY for v in mon.health().values())
 
@@ -208,7 +232,8 @@ def test_backoff_doubles_up_to_the_cap_then_resumes(rig):
     deadline = time.monotonic() + 3
     while len(mon.stats.backoffs) < 5 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert mon.stats.backoffs[:5] == [0.02, 0.04, 0.08, 0.08, 0.08]
+    assert mon.stats.backoff_ceilings[:5] == [0.02, 0.04, 0.08, 0.08, 0.08]
+    assert all(0 <= d <= c for d, c in zip(mon.stats.backoffs, mon.stats.backoff_ceilings)), "full jitter"
     assert mon.stats.rebuilds >= 1  # the event set is rebuilt after repeated failures
     fake.fail_event_wait(None)
     assert fake.wait_registered(timeout=3.0)
@@ -249,15 +274,13 @@ def test_nvml_init_failing_in_the_thread_condemns_all_until_it_works(rig):
                      register=False)
     rec.wait_for(lambda h: all(v == UNHEALTHY for v in h.values()))
     fake.init_error = None
-    rec.wait_for(lambda h: all(v == HEALTHY for v in h.values()), timeout=3.0)
+    rec.wait_for(lambda h: all(v == HEALTHY for v in h.values()), timeout=10.0)
 
 
-def test_stop_joins_within_about_one_wait_timeout(rig):
+def test_stop_joins_the_thread(rig):
     fake, _, start = rig
     mon, _ = start(GpuHealthOptions(wait_timeout_ms=200))
-    t = time.monotonic()
-    assert mon.stop(timeout=2.0)
-    assert time.monotonic() - t < 0.2 + 0.3
+    assert mon.stop(timeout=10.0)
     assert not mon.running
 
 
@@ -268,13 +291,18 @@ def test_stop_during_a_long_backoff_is_prompt(rig):
     deadline = time.monotonic() + 3
     while not mon.stats.backoffs and time.monotonic() < deadline:
         time.sleep(0.01)
-    t = time.monotonic()
-    assert mon.stop(timeout=2.0)
-    assert time.monotonic() - t < 0.5
+    assert mon.stop(timeout=5.0), "stop waited for the 10 s backoff"
+
+
+class _Ceiling:
+    """A random source that always draws the top of the range: the backoff's ceilings themselves."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
 
 
 def test_backoff_sequence():
-    b = Backoff(0.5, 30)
+    b = Backoff(0.5, 30, rng=_Ceiling())
     assert [b.next() for _ in range(9)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
     b.reset()
     assert b.next() == 0.5
@@ -283,12 +311,15 @@ def test_backoff_sequence():
 def test_options_from_config():
     assert GpuHealthOptions.from_config(None) == GpuHealthOptions()
     o = GpuHealthOptions.from_config({"disabled": True, "ignoredXids": [1, 2], "criticalXids": [2],
-                                      "recoveryQuietPeriodSeconds": 5})
+                                      "recoveryQuietPeriodSeconds": 5, "stateDirectory": "/var/lib/x"})
     assert (o.enabled, o.ignored_xids, o.critical_xids, o.quiet_period_s) == (False, {1, 2}, {2}, 5.0)
+    assert o.state_directory == "/var/lib/x"
     assert o.is_critical_xid(2) and not o.is_critical_xid(1) and o.is_critical_xid(79)
-    assert GpuHealthOptions.from_config({"ignoredXids": []}).is_critical_xid(13)
+    assert not GpuHealthOptions.from_config({"ignoredXids": []}).is_critical_xid(13)  # the catalog: RESTART_APP
     with pytest.raises(ValueError):
         GpuHealthOptions(quiet_period_s=-1)
+    with pytest.raises(ValueError, match=r"gpus.health.xidBuckets.48: 'RESET_GUP' .*did you mean RESET_GPU"):
+        GpuHealthOptions.from_config({"xidBuckets": {"48": "RESET_GUP"}})
 
 
 async def test_source_watch_publishes_health_changes_at_once(tmp_path):
@@ -299,13 +330,12 @@ async def test_source_watch_publishes_health_changes_at_once(tmp_path):
     published: asyncio.Queue = asyncio.Queue()
     task = asyncio.create_task(src.watch(current, published.put_nowait))
     assert await asyncio.to_thread(fake.wait_registered, None, 5.0)
-    t0 = time.monotonic()
-    fake.inject_xid("GPU6", 79)
-    topo = await asyncio.wait_for(published.get(), 2)
-    assert time.monotonic() - t0 < 0.1
+    fake.inject_xid("GPU6", 48)
+    topo = await asyncio.wait_for(published.get(), 10)
     assert topo.device("GPU6").health == UNHEALTHY
+    assert topo.device("GPU6").health_reason.startswith("xid-48: reset GPU")
     assert topo.links == current.links and [d.name for d in topo.devices] == [d.name for d in current.devices]
-    topo = await asyncio.wait_for(published.get(), 3)
+    topo = await asyncio.wait_for(published.get(), 10)
     assert topo.device("GPU6").health == HEALTHY and topo == current
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

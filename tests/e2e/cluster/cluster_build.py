@@ -32,9 +32,9 @@ CONTROLPLANE_DIR = HERE / "controlplane"
 sys.path.insert(0, str(ROOT / "tests" / "kubelet"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import build_image  # noqa: E402
-import kubelet_build  # noqa: E402
-from kubelet_build import BuildUnavailable  # noqa: E402
+import build_image
+import kubelet_build
+from kubelet_build import BuildUnavailable
 
 #: The control-plane programs and the Go packages they are built from.
 PROGRAMS = {

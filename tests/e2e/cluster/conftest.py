@@ -20,7 +20,7 @@ for p in (HERE, ROOT / "tests" / "kubelet", ROOT / "scripts", ROOT):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-import cluster_fixtures  # noqa: E402
+import cluster_fixtures
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 # containerd's configuration is the standalone-kubelet e2e's (tests/e2e/kubelet_e2e.py): CNI
 # binaries and configs under the containerd directory, oom_score_adj clamped for this VM.
-from kubelet_e2e import CONTAINERD_CONFIG  # noqa: E402
+from kubelet_e2e import CONTAINERD_CONFIG
 
 T = TypeVar("T")
 

@@ -24,8 +24,8 @@ for p in (HERE, HERE.parent / "cluster", ROOT / "tests" / "kubelet", ROOT / "scr
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-import cluster_fixtures  # noqa: E402
-from containerd_v2 import containerd_with_cdi  # noqa: E402
+import cluster_fixtures
+from containerd_v2 import containerd_with_cdi
 
 
 @pytest.fixture(scope="session")

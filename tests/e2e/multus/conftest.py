@@ -26,8 +26,8 @@ for p in (HERE.parent / "cluster", ROOT / "tests" / "kubelet", ROOT / "scripts",
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-import cluster_fixtures  # noqa: E402
-import kubelet_build  # noqa: E402
+import cluster_fixtures
+import kubelet_build
 
 #: (directory here, cache name, Go package built at the version the directory's go.mod pins)
 PROGRAMS = (

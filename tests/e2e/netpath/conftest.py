@@ -22,9 +22,9 @@ for p in (HERE, HERE.parent / "dra", HERE.parent / "cluster", ROOT / "tests" / "
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-import cluster_fixtures  # noqa: E402
-import kubelet_build  # noqa: E402
-from containerd_v2 import containerd_with_cdi  # noqa: E402
+import cluster_fixtures
+import kubelet_build
+from containerd_v2 import containerd_with_cdi
 
 #: containerd's default NRI socket (github.com/containerd/nri pkg/api DefaultSocketPath), which the
 #: chart mounts and the daemon's --nri-socket defaults to.

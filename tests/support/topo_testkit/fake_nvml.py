@@ -58,6 +58,16 @@ the driver lacks the call; "absent": the bindings lack it; "unknown": the driver
 answers NVML_NVLINK_DEVICE_TYPE_UNKNOWN), `common_ancestor=False`, `inject_xid`, `inject_double_bit_ecc`,
 `fail_event_wait`. Every call is counted in `calls`.
 
+GPU health evidence (plugin/health/): the recovery-action field
+(`nvmlDeviceGetFieldValues` with field 230; `recovery_field=False` answers it
+NOT_SUPPORTED, as drivers before it do), remapped rows, retired pages pending and
+volatile ECC counts per GPU, set with `set_health_facts(gpu, ...)`;
+`reset_gpu(gpu)` does what a GPU reset does to them (pending repairs applied,
+volatile counts and the recovery action back to zero, a lost GPU back);
+`set_link(gpu, link, up)` takes one NVLink down or up; `write_boot_id(proc_root,
+id)` writes the kernel's boot ID file. `inject_xid(gpu, xid, recovery_action=n)`
+sets the field before the event, as a driver announces the action it needs.
+
 Older drivers: `missing_functions={...}` names NVML functions this driver's
 library lacks; calling one raises what pynvml raises when the C symbol is not
 there, `NVMLError_FunctionNotFound` (code FUNCTION_NOT_FOUND). Names are the C
@@ -143,6 +153,30 @@ class FakeEventData:
     eventData: int
     gpuInstanceId: int = 0xFFFFFFFF
     computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass
+class FakeValue:
+    """pynvml's c_nvmlValue_t, as far as the health code reads it."""
+
+    uiVal: int = 0
+
+
+@dataclass
+class FakeFieldValue:
+    fieldId: int
+    nvmlReturn: int
+    value: FakeValue
+
+
+@dataclass
+class _HealthFacts:
+    recovery_action: int = 0
+    remap_pending: bool = False
+    remap_failed: bool = False
+    retired_pending: bool = False
+    volatile_dbe: int = 0
+    aggregate_dbe: int = 0
 
 
 @dataclass(eq=False)
@@ -320,6 +354,7 @@ class FakeNvml:
         supported_events: int | None = None,
         register_error: Mapping[str, int] | None = None,
         missing_functions: Iterable[str] = (),
+        recovery_field: bool = True,
     ):
         if remote_device_type not in ("ok", "function-not-found", "absent", "unknown"):
             raise ValueError("remote_device_type is one of ok, function-not-found, absent, unknown")
@@ -333,6 +368,10 @@ class FakeNvml:
                                  else pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
                                  | pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypePState)
         self.register_error = dict(register_error or {})
+        #: The driver has NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (see set_health_facts).
+        self.recovery_field = recovery_field
+        #: GPU index -> health facts (recovery action, remapped rows, retired pages, volatile ECC counts).
+        self.health_facts: dict[int, _HealthFacts] = {}
         known = {n for n in dir(type(self)) if n.startswith("nvml")} | R470_MISSING
         unknown = sorted(set(missing_functions) - known)
         if unknown:
@@ -551,7 +590,9 @@ class FakeNvml:
                     delivered += 1
         return delivered
 
-    def inject_xid(self, gpu: str | int | None, xid: int) -> int:
+    def inject_xid(self, gpu: str | int | None, xid: int, recovery_action: int | None = None) -> int:
+        if recovery_action is not None and gpu is not None:
+            self.set_health_facts(gpu, recovery_action=recovery_action)
         return self.inject_event(gpu, pynvml.nvmlEventTypeXidCriticalError, xid)
 
     def inject_double_bit_ecc(self, gpu: str | int) -> int:
@@ -727,7 +768,7 @@ class FakeNvml:
 
     nvmlDeviceGetNvLinkRemotePciInfo_v2 = nvmlDeviceGetNvLinkRemotePciInfo
 
-    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:  # type: ignore[no-redef]
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
         self._count("nvmlDeviceGetNvLinkRemoteDeviceType")
         if self.remote_device_type == "function-not-found":
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -1061,6 +1102,64 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
 
     nvmlEventSetWait = nvmlEventSetWait_v2
+
+    # -- GPU health evidence (plugin/health/evidence.py) ------------------------------
+    def _facts(self, gpu: str | int | FakeHandle) -> _HealthFacts:
+        g = self.gpus[gpu.index] if isinstance(gpu, FakeHandle) else self._gpu(gpu)
+        return self.health_facts.setdefault(g.handle.index, _HealthFacts())
+
+    def set_health_facts(self, gpu: str | int, **facts: Any) -> None:
+        """Set any of `recovery_action`, `remap_pending`, `remap_failed`, `retired_pending`, `volatile_dbe`."""
+        f = self._facts(gpu)
+        for k, v in facts.items():
+            if not hasattr(f, k):
+                raise ValueError(f"no health fact {k!r}")
+            setattr(f, k, v)
+
+    def reset_gpu(self, gpu: str | int) -> None:
+        """A GPU reset (nvidia-smi -r): pending repairs take effect, volatile counts and the action clear."""
+        f = self._facts(gpu)
+        f.remap_pending = f.retired_pending = False
+        f.volatile_dbe = 0
+        f.recovery_action = 0
+        self._gpu(gpu).lost = False
+
+    def set_link(self, gpu: str | int, link: int, up: bool) -> None:
+        """Take one NVLink of this GPU down (inactive, no remote end) or bring it back."""
+        g = self._gpu(gpu)
+        (g.down.discard if up else g.down.add)(link)
+
+    @staticmethod
+    def write_boot_id(proc_root: str, boot_id: str) -> str:
+        path = os.path.join(proc_root, "sys", "kernel", "random", "boot_id")
+        _write(path, boot_id + "\n")
+        return path
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> list[FakeFieldValue]:
+        self._count("nvmlDeviceGetFieldValues")
+        f = self._facts(self._h(handle).handle)
+        out = []
+        for fid in field_ids:
+            fid = fid[0] if isinstance(fid, tuple) else fid
+            if fid == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and self.recovery_field:
+                out.append(FakeFieldValue(fid, pynvml.NVML_SUCCESS, FakeValue(uiVal=f.recovery_action)))
+            else:
+                out.append(FakeFieldValue(fid, pynvml.NVML_ERROR_NOT_SUPPORTED, FakeValue()))
+        return out
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        self._count("nvmlDeviceGetRemappedRows")
+        f = self._facts(self._h(handle).handle)
+        return (0, 1 if f.remap_pending or f.remap_failed else 0, int(f.remap_pending), int(f.remap_failed))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
+        self._count("nvmlDeviceGetRetiredPagesPendingStatus")
+        return int(self._facts(self._h(handle).handle).retired_pending)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
+        self._count("nvmlDeviceGetTotalEccErrors")
+        f = self._facts(self._h(handle).handle)
+        return f.volatile_dbe if counter_type == pynvml.NVML_VOLATILE_ECC else f.aggregate_dbe + f.volatile_dbe
 
 
 def _write(path: str, text: str) -> None:
