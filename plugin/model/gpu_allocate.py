@@ -22,7 +22,15 @@ and compute instance capability nodes (`/dev/nvidia-caps/nvidia-cap<N>`), as
 NVIDIA's plugin passes them. CDI names come from the spec we wrote for the
 resource (`plugin.model.cdi_names.CdiNamingBuilder` wraps this builder); with
 `--cdi-specs external` they are `<cdi-vendor>/<cdi-class>=<UUID>` of a spec
-another tool generated.
+another tool generated (NVIDIA's `nvidia-ctk cdi generate`, whose default names
+every GPU both by index and by UUID; a MIG device's UUID name is its MIG UUID).
+UUID, not index: an index name changes meaning when a GPU falls off the bus.
+Allocate checks each name against the spec files in `toolkit_dirs` and refuses
+the request, naming the fix, when a spec of that kind is there but lacks the
+name (stale, or generated with `--device-name-strategy index` only): the
+container would otherwise fail at creation with "unresolvable CDI devices".
+With no spec of the kind readable in those directories (not mounted into the
+daemon's container) the names are passed unchecked, as before.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from dataclasses import dataclass
 from allocator.topology import Device, DeviceKind
 
 from .allocate_response import ContainerAllocation, DeviceNode
+from .cdi.toolkit import DEFAULT_TOOLKIT_DIRS, ToolkitSpecError, ToolkitSpecs
 from .cdi_names import add_names, uses_cdi
 from ..config.flags import DEVICE_LIST_STRATEGIES
 from ..errors import OptionError
@@ -55,6 +64,8 @@ class GpuAllocateOptions:
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     #: False: a device named through CDI gets no device nodes from us (the runtime injects them from the spec).
     pass_device_specs: bool = True
+    #: Where `--cdi-specs external` names are checked (the CDI spec directories the runtime reads).
+    toolkit_dirs: tuple[str, ...] = DEFAULT_TOOLKIT_DIRS
 
     def __post_init__(self) -> None:
         bad = [s for s in self.device_list_strategy if s not in DEVICE_LIST_STRATEGIES]
@@ -89,6 +100,7 @@ class GpuAllocateBuilder:
     def __init__(self, options: GpuAllocateOptions, resource_name: str):
         self.options = options
         self.resource_name = resource_name
+        self._toolkit = ToolkitSpecs(options.toolkit_dirs, f"{options.cdi_vendor}/{options.cdi_class}", "uuid")
 
     def _node(self, name: str) -> DeviceNode | None:
         host = os.path.join(self.options.dev_root, name)
@@ -106,6 +118,10 @@ class GpuAllocateBuilder:
             out.envs["NVIDIA_VISIBLE_DEVICES"] = "void"
         if o.uses_cdi and o.cdi_specs == "external":
             names = [f"{o.cdi_vendor}/{o.cdi_class}={d.uuid or i}" for i, d in zip(ids, devices)]
+            for d in devices:
+                problem = self._toolkit.check(d)
+                if problem:
+                    raise ToolkitSpecError(problem)
             add_names(out, names, strategies, o.cdi_annotation_prefix, self.resource_name)
             if not o.pass_device_specs:
                 return out  # `nvidia-ctk cdi generate`'s spec has the device nodes; the runtime injects them

@@ -104,7 +104,8 @@ def test_the_toolkits_default_names_every_gpu_both_by_index_and_by_uuid(ctk, nod
     report, root = node
     spec = tk.generate(ctk, root.path, tmp_path / "nvidia.yaml")
     gpus = our_gpus(report)
-    assert sorted(tk.device_names(spec)) == sorted([str(g["index"]) for g in gpus] + [g["uuid"] for g in gpus] + ["all"])
+    want = [str(g["index"]) for g in gpus] + [g["uuid"] for g in gpus] + ["all"]
+    assert sorted(tk.device_names(spec)) == sorted(want)
 
 
 def test_the_cdi_library_loads_the_toolkit_spec_beside_ours_and_injects_both(cdi_validator, ctk, node,

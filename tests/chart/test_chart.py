@@ -430,7 +430,7 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     chart = json.loads((CHART / "values.schema.json").read_text())
     chart_config = chart["properties"]["config"]["properties"]
     chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress", "cdiSpecDir", "draResources",
-                     "fabricLabelsFile", "fabricLabelsNode", "netdevAttach", "nriSocket"}
+                     "fabricLabelsFile", "fabricLabelsNode", "netdevAttach", "nriSocket", "draToolkitCdi"}
     # NVIDIA's own keys are for NVIDIA config files brought along unchanged, not for chart values.
     nvidia_only = set(json.loads(_daemon_python(
         "import json; from plugin.config.nvidia import FLAG_PROPERTIES as F; print(json.dumps(list(F)))").stdout))
@@ -441,6 +441,7 @@ def test_values_schema_flags_match_the_daemon_config_schema():
             assert chart_config["flags"]["properties"][key]["enum"] == spec["enum"], key
     # Chart-managed choices are chart values of their own, with the daemon's choices.
     assert chart["properties"]["dra"]["properties"]["netdevAttach"]["enum"] == daemon_flags["netdevAttach"]["enum"]
+    assert chart["properties"]["dra"]["properties"]["toolkitCdi"]["enum"] == daemon_flags["draToolkitCdi"]["enum"]
     daemon_health = daemon["properties"]["gpus"]["properties"]["health"]["properties"]
     chart_health = chart_config["gpus"]["properties"]["health"]["properties"]
     assert set(chart_health) == set(daemon_health)

@@ -122,6 +122,12 @@ cdi-annotations): the daemon then writes its CDI specs to the host's /var/run/cd
 {{- if or (has "cdi-cri" $l) (has "cdi-annotations" $l) }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the daemon reads NVIDIA's toolkit's CDI spec: DRA names its devices (dra.toolkitCdi) or the
+device plugin names them with cdiSpecs external (a CDI strategy). /etc/cdi is then mounted read-only. */}}
+{{- define "topo-device-plugin.toolkitSpecs" -}}
+{{- if or (and (include "topo-device-plugin.draEnabled" .) (ne (toString .Values.dra.toolkitCdi) "off")) (and (include "topo-device-plugin.cdiEnabled" .) (eq (toString .Values.config.flags.cdiSpecs) "external")) }}true{{ end }}
+{{- end }}
+
 {{- define "topo-device-plugin.metricsServiceEnabled" -}}
 {{- if or .Values.metrics.service.enabled .Values.metrics.serviceMonitor.enabled }}true{{ end }}
 {{- end }}

@@ -179,7 +179,8 @@ def _mknod(path: Path, major: int, minor: int) -> None:
     try:
         os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))  # S_IFCHR
     except PermissionError:
-        raise DriverRootError(f"mknod {path}: not permitted (the simulated driver root's /dev nodes need root)") from None
+        raise DriverRootError(f"mknod {path}: not permitted (the simulated driver root's /dev nodes need "
+                              "root)") from None
 
 
 def _soname(lib: str) -> str:

@@ -62,3 +62,10 @@ def mounted_paths(spec: dict[str, Any]) -> dict[str, str]:
 
 def device_names(spec: dict[str, Any]) -> list[str]:
     return [d["name"] for d in spec.get("devices") or []]
+
+
+def generate_loaded(path: Path) -> dict[str, Any]:
+    """A spec file the toolkit wrote, loaded (YAML or JSON)."""
+    loaded = yaml.safe_load(path.read_text())
+    assert isinstance(loaded, dict), f"{path}: not a CDI spec"
+    return loaded
