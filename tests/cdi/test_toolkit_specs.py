@@ -21,6 +21,8 @@ DRA prepare and the device plugin's `--cdi-specs external` use these names: test
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -134,3 +136,26 @@ def test_the_driver_roots_nvidia_smi_lists_the_gpus_we_serve(node) -> None:
                          env={"NVML_PROBE_LIBRARY": str(root.host(f"/{dr.LIB_DIR}/libnvidia-ml.so.1"))})
     assert smi.returncode == 0, smi.stderr
     assert smi.stdout.splitlines() == [f"GPU {g['index']}: {g['model']} (UUID: {g['uuid']})" for g in our_gpus(report)]
+
+
+def test_in_a_container_with_two_gpu_nodes_the_shim_lists_exactly_those_two(node, tmp_path) -> None:
+    """What makes the cluster checks mean something: NVML in a container sees the GPUs whose nodes it got."""
+    report, root = node
+    rootfs = tmp_path / "rootfs"
+    libdir = rootfs / dr.LIB_DIR
+    libdir.mkdir(parents=True)
+    # What the toolkit's spec gives a container: the versioned library, the soname link its hook makes.
+    lib = f"libnvidia-ml.so.{root.version}"
+    shutil.copyfile(root.host(f"/{dr.LIB_DIR}/{lib}"), libdir / lib)
+    os.symlink(lib, libdir / "libnvidia-ml.so.1")
+    (rootfs / "dev").mkdir()
+    for minor in (3, 6):
+        os.mknod(rootfs / "dev" / f"nvidia{minor}", 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+    shutil.copyfile(root.host("/usr/bin/nvidia-smi"), rootfs / "nvml-probe")
+    os.chmod(rootfs / "nvml-probe", 0o755)
+    probe = subprocess.run([shutil.which("chroot") or "/usr/sbin/chroot", str(rootfs), "/nvml-probe"], capture_output=True, text=True, timeout=60, env={})
+    assert probe.returncode == 0, probe.stderr
+    gpus = our_gpus(report)
+    assert probe.stdout.splitlines() == [f"nvml: 2 GPUs, driver {root.version}",
+                                         f"GPU 0: {gpus[3]['model']} (UUID: {gpus[3]['uuid']})",
+                                         f"GPU 1: {gpus[6]['model']} (UUID: {gpus[6]['uuid']})"]

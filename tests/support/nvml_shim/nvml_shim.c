@@ -7,8 +7,13 @@
  * ELF shared object; built with -nostdlib it has no DT_NEEDED entry at all, so a statically
  * linked probe can also dlopen it inside a container that has no libc (busybox images).
  *
- * The GPUs are compiled in: shim_devices.h (written by topo_testkit/nvml_shim.py from our
- * `discover --format json`) defines SHIM_DRIVER_VERSION, SHIM_CUDA_VERSION and SHIM_GPUS.
+ * The GPUs are compiled in: shim_devices.h (written by topo_testkit/driver_root.py from our
+ * `discover --format json`) defines SHIM_DRIVER_VERSION, SHIM_CUDA_VERSION, SHIM_GPUS and
+ * SHIM_DEV_ROOT (the simulated driver root's /dev). As the real driver only lets a process
+ * open the GPUs whose device node it has, a GPU is listed only where /dev/nvidia<minor> or
+ * SHIM_DEV_ROOT/nvidia<minor> exists: on the host (nvidia-ctk with --dev-root) every GPU, in a
+ * container exactly the GPUs whose nodes its CDI devices injected, renumbered from 0 as NVML
+ * numbers them. The check is a raw access(2) system call (x86_64), since there is no libc.
  * Every other NVML function is absent, as on an older driver: go-nvlib checks for the MIG
  * calls by symbol, and a call to a missing one fails loudly (symbol lookup error), which is
  * how a new call the toolkit makes shows up in the tests.
@@ -35,7 +40,10 @@ typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef const struct shim_gpu *nvmlDevice_t;
 
 static const struct shim_gpu gpus[] = { SHIM_GPUS };
-static const unsigned int gpu_count = sizeof(gpus) / sizeof(gpus[0]);
+#define ALL_GPUS (sizeof(gpus) / sizeof(gpus[0]))
+/* The GPUs this process can see (module comment), in NVML index order; set by nvmlInit. */
+static const struct shim_gpu *visible[ALL_GPUS];
+static unsigned int gpu_count;
 static int initialized;
 
 /* gcc may emit calls to these for struct copies even without libc. */
@@ -60,11 +68,44 @@ static char hex(unsigned int v) { v &= 15; return (char)(v < 10 ? '0' + v : 'A' 
 static char *puthex(char *p, unsigned int v, int width) {
   int i; for (i = width - 1; i >= 0; i--) p[i] = hex(v >> (4 * (width - 1 - i))); return p + width;
 }
-static int valid(nvmlDevice_t d) { return d >= gpus && d < gpus + gpu_count; }
+static long sys_access(const char *path) {
+  long r;
+  __asm__ volatile ("syscall" : "=a"(r) : "a"(21L), "D"(path), "S"(0L) : "rcx", "r11", "memory");
+  return r;
+}
+/* "<prefix>/nvidia<minor>" into out (256 bytes); 0 when it exists. */
+static int node_exists(const char *prefix, unsigned int minor) {
+  char out[256], digits[12];
+  unsigned long n = 0, i;
+  int k = 0;
+  const char *name = "/nvidia";
+  if (slen(prefix) + 24 > sizeof out) return 0;
+  for (i = 0; prefix[i]; i++) out[n++] = prefix[i];
+  for (i = 0; name[i]; i++) out[n++] = name[i];
+  do { digits[k++] = (char)('0' + minor % 10); minor /= 10; } while (minor);
+  while (k) out[n++] = digits[--k];
+  out[n] = 0;
+  return sys_access(out) == 0;
+}
+static void find_visible(void) {
+  unsigned int i;
+  gpu_count = 0;
+  for (i = 0; i < ALL_GPUS; i++)
+    if (node_exists("/dev", gpus[i].minor) || node_exists(SHIM_DEV_ROOT, gpus[i].minor)) visible[gpu_count++] = &gpus[i];
+}
+static int valid(nvmlDevice_t d) {
+  unsigned int i;
+  for (i = 0; i < gpu_count; i++) if (visible[i] == d) return 1;
+  return 0;
+}
 #define CHECK(d) do { if (!initialized) return NVML_ERROR_UNINITIALIZED; \
                       if (!valid(d)) return NVML_ERROR_INVALID_ARGUMENT; } while (0)
 
-nvmlReturn_t nvmlInit_v2(void) { initialized++; return NVML_SUCCESS; }
+nvmlReturn_t nvmlInit_v2(void) {
+  if (!initialized) find_visible();
+  initialized++;
+  return NVML_SUCCESS;
+}
 nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { (void)flags; return nvmlInit_v2(); }
 nvmlReturn_t nvmlShutdown(void) {
@@ -106,7 +147,7 @@ nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
   if (!initialized) return NVML_ERROR_UNINITIALIZED;
   if (!d || i >= gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
-  *d = &gpus[i]; return NVML_SUCCESS;
+  *d = visible[i]; return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) { return nvmlDeviceGetHandleByIndex_v2(i, d); }
 
@@ -114,7 +155,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
   unsigned int i;
   if (!initialized) return NVML_ERROR_UNINITIALIZED;
   if (!uuid || !d) return NVML_ERROR_INVALID_ARGUMENT;
-  for (i = 0; i < gpu_count; i++) if (seq(gpus[i].uuid, uuid)) { *d = &gpus[i]; return NVML_SUCCESS; }
+  for (i = 0; i < gpu_count; i++) if (seq(visible[i]->uuid, uuid)) { *d = visible[i]; return NVML_SUCCESS; }
   return NVML_ERROR_NOT_FOUND;
 }
 
@@ -144,9 +185,11 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) 
   CHECK(d); return scopy(name, length, d->name);
 }
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index) {
+  unsigned int i;
   CHECK(d);
   if (!index) return NVML_ERROR_INVALID_ARGUMENT;
-  *index = (unsigned int)(d - gpus); return NVML_SUCCESS;
+  for (i = 0; i < gpu_count; i++) if (visible[i] == d) { *index = i; break; }
+  return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
   CHECK(d);

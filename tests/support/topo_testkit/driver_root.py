@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,13 +92,14 @@ def _c_str(s: str) -> str:
     return json.dumps(s)  # a JSON string of ASCII text is a valid C string literal
 
 
-def shim_header(gpus: Sequence[SimGpu], version: str = DRIVER_VERSION, cuda: int = CUDA_VERSION) -> str:
+def shim_header(gpus: Sequence[SimGpu], dev_root: str, version: str = DRIVER_VERSION, cuda: int = CUDA_VERSION) -> str:
     rows = ", ".join(f"{{{_c_str(g.uuid)}, {_c_str(g.name)}, {g.minor}u, {g.pci[0]}u, {g.pci[1]}u, {g.pci[2]}u, "
                      f"{g.pci[3]}u, {g.memory}ull}}" for g in gpus)
     return (f"#define SHIM_DRIVER_VERSION {_c_str(version)}\n"
             f"#define SHIM_NVML_VERSION {_c_str('12.' + version)}\n"
             f"#define SHIM_CUDA_VERSION {cuda}\n"
-            f"#define SHIM_GPUS {rows}\n")
+            f"#define SHIM_GPUS {rows}\n"
+            f"#define SHIM_DEV_ROOT {_c_str(dev_root)}\n")
 
 
 def _cache_dir() -> Path:
@@ -130,15 +132,29 @@ class Built:
     probe: Path
 
 
-def build_parts(gpus: Sequence[SimGpu], version: str = DRIVER_VERSION) -> Built:
-    header = shim_header(gpus, version)
+#: Cached builds not used for this long are removed (each driver root has its own shim: its /dev is compiled in).
+CACHE_DAYS = 2
+
+
+def _prune(cache: Path, keep: Path) -> None:
+    old = time.time() - CACHE_DAYS * 86400
+    for d in cache.iterdir() if cache.is_dir() else ():
+        if d != keep and d.stat().st_mtime < old:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def build_parts(gpus: Sequence[SimGpu], dev_root: str, version: str = DRIVER_VERSION) -> Built:
+    """The C parts for `gpus`, whose shim lists a GPU where `dev_root`/nvidia<minor> or /dev/nvidia<minor> exists."""
+    header = shim_header(gpus, dev_root, version)
     sources = [SHIM_DIR / "nvml_shim.c", SHIM_DIR / "nvml_probe.c", Path(__file__)]  # this file has the gcc flags
     key = hashlib.sha256(header.encode() + b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
     out = _cache_dir() / key
     built = Built(nvml=out / f"libnvidia-ml.so.{version}", stubs={n: out / f"lib{n}.so.{version}" for n in STUB_LIBS},
                   probe=out / "nvml-probe")
     if all(p.exists() for p in (built.nvml, *built.stubs.values(), built.probe)):
+        os.utime(out)
         return built
+    _prune(out.parent, out)
     tmp = out.with_name(f"{key}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -189,7 +205,7 @@ def _soname(lib: str) -> str:
 
 def build_driver_root(root: Path, gpus: Sequence[SimGpu], version: str = DRIVER_VERSION) -> DriverRoot:
     """Lay out a driver root for `gpus` under `root` (created; must not hold another root)."""
-    parts = build_parts(gpus, version)
+    parts = build_parts(gpus, str(root / "dev"), version)
     libdir = root / LIB_DIR
     libdir.mkdir(parents=True, exist_ok=True)
     out = DriverRoot(path=root, version=version, gpus=list(gpus))
