@@ -44,6 +44,7 @@ from allocator.topology import Device, DeviceKind
 from .allocate_response import ContainerAllocation, DeviceNode
 from .cdi.toolkit import DEFAULT_TOOLKIT_DIRS, ToolkitSpecError, ToolkitSpecs
 from .cdi_names import add_names, uses_cdi
+from .identity import device_uuid
 from ..config.flags import DEVICE_LIST_STRATEGIES
 from ..errors import OptionError
 
@@ -97,9 +98,12 @@ def device_paths(d: Device) -> list[str]:
 class GpuAllocateBuilder:
     """Builds the response for one container's GPUs or MIG devices (IDs of physical devices, each once)."""
 
-    def __init__(self, options: GpuAllocateOptions, resource_name: str):
+    def __init__(self, options: GpuAllocateOptions, resource_name: str, source: str | None = None):
         self.options = options
         self.resource_name = resource_name
+        #: The topology's source: a simulated GPU without its own UUID is named by its made-up one
+        #: (`plugin.model.identity`), as its device-plugin ID and its DRA slice name it; None: `d.uuid or ID`.
+        self.source = source
         self._toolkit = ToolkitSpecs(options.toolkit_dirs, f"{options.cdi_vendor}/{options.cdi_class}", "uuid")
 
     def _node(self, name: str) -> DeviceNode | None:
@@ -117,9 +121,10 @@ class GpuAllocateBuilder:
         else:
             out.envs["NVIDIA_VISIBLE_DEVICES"] = "void"
         if o.uses_cdi and o.cdi_specs == "external":
-            names = [f"{o.cdi_vendor}/{o.cdi_class}={d.uuid or i}" for i, d in zip(ids, devices)]
-            for d in devices:
-                problem = self._toolkit.check(d)
+            uuids = [device_uuid(self.source, d) if self.source is not None else d.uuid for d in devices]
+            names = [f"{o.cdi_vendor}/{o.cdi_class}={u or i}" for i, u in zip(ids, uuids)]
+            for d, u in zip(devices, uuids):
+                problem = self._toolkit.check(d, u) if u else None
                 if problem:
                     raise ToolkitSpecError(problem)
             add_names(out, names, strategies, o.cdi_annotation_prefix, self.resource_name)

@@ -24,7 +24,7 @@ import sys
 from importlib import metadata
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests" / "kubelet"), str(ROOT / "tests" / "e2e" / "dra"), str(ROOT / "tests" / "e2e" / "cluster")]
+sys.path[:0] = [str(ROOT / "tests" / "kubelet")]
 LIMIT = 60 << 20  # leaves room for the working tree (~5 MiB) under the tool's 64 MiB
 #: The GPU machine's Python (KINDS.md of the device tool: 3.12.3).
 PYTHON_VERSION = "3.12"

@@ -41,7 +41,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests" / "e2e"), str(ROOT / "tests" / "support"), str(ROOT)]
 
 import kubelet_e2e as ke  # noqa: E402  (the e2e's plumbing, importable only once the path is set)
-from kubelet_e2e import BUSYBOX, GPU, NODE, PAUSE, check_private_namespace, log  # noqa: E402
+from kubelet_e2e import BUSYBOX, GPU, PAUSE, check_private_namespace, log  # noqa: E402
 
 SIMULATE = "dgx-h100"
 POD = "gpu-check"
@@ -115,7 +115,8 @@ class GpuCheck(ke.E2E):
     def start_daemon(self) -> None:
         argv = [self.a.python, "-m", "plugin", "serve", "--kubelet-root-dir", "/var/lib/kubelet",
                 "--device-list-strategy", "cdi-cri", "--cdi-specs", "external", "--no-pass-device-specs",
-                "--toolkit-cdi-dirs", str(self.toolkit_dir), "--cdi-spec-dir", str(self.our_cdi), "--log-level", "debug"]
+                "--toolkit-cdi-dirs", str(self.toolkit_dir), "--cdi-spec-dir", str(self.our_cdi),
+                "--log-level", "debug"]
         if self.a.mode == "simulated":
             argv += ["--simulate", SIMULATE]
         self.spawn("daemon", argv, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get(
@@ -182,24 +183,33 @@ class GpuCheck(ke.E2E):
         self.result["allocated"] = self.allocated()
         printed = [m.groups() for m in (UUID_RE.match(ln.strip()) for ln in lines) if m]
         self.result["printed"] = [{"index": i, "name": n, "uuid": u} for i, n, u in printed]
-        devices = next((ln.split()[1:] for ln in lines if ln.startswith("DEVICES")), [])
+        devices: list[str] = next((ln.split()[1:] for ln in lines if ln.startswith("DEVICES")), [])
         self.result["container_devices"] = devices
         rc = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("SMI_RC=")), "?")
         uuids = sorted(u for _, _, u in printed)
-        self.result["ok"] = bool(uuids) and rc == "0" and uuids == self.result["allocated"] and len(devices) == len(uuids)
+        self.result["ok"] = (bool(uuids) and rc == "0" and uuids == self.result["allocated"]
+                             and len(devices) == len(uuids))
 
 
 def verdict(r: dict[str, Any]) -> str:
-    what = (f"the real kubelet allocated {GPU} {', '.join(r.get('allocated') or ['(none)'])} through topo-device-plugin "
-            "(CDI names of NVIDIA's toolkit spec, no device node of ours), and the container, given only what that "
-            "spec injects, ran the driver's nvidia-smi -L and printed exactly that UUID")
+    """The one line the script ends with: passed or failed, and what the run proves (or would, on a real GPU)."""
+    what = ("the real kubelet allocated nvidia.com/gpu through topo-device-plugin (CDI names of NVIDIA's toolkit "
+            "spec, no device node of ours), and the container, given only what that spec injects, ran the driver's "
+            "nvidia-smi -L and printed exactly the allocated UUIDs")
+    if r.get("ok"):
+        got = f"{', '.join(r['allocated'])}: {what}"
+    else:
+        why = r.get("error") or (f"allocated {r.get('allocated')}, nvidia-smi printed {r.get('printed')}, "
+                                 f"device nodes {r.get('container_devices')}")
+        got = f"{why}; the check was that {what}"
+    status = "PASSED" if r.get("ok") else "FAILED"
     if r.get("mode") == "real":
-        names = ", ".join(sorted({p["name"] for p in r.get("printed") or []})) or "?"
-        return f"REAL GPU CHECK {'PASSED' if r.get('ok') else 'FAILED'} ({names}): {what}"
-    return ("SIMULATED CHECK " + ("PASSED" if r.get("ok") else "FAILED") + f" on a simulated {SIMULATE} (NVML shim, "
-            f"fake nvidia-smi): {what}. On a real GPU this proves our device plugin, the real kubelet, containerd's "
-            "CDI injection and NVIDIA's toolkit spec give a container its allocated GPU and the driver's libraries "
-            "and nvidia-smi, and that the UUID we allocated is the GPU the driver shows there.")
+        names = ", ".join(sorted({p["name"] for p in r.get("printed") or []})) or "GPU"
+        return f"REAL GPU CHECK {status} ({names}): {got}"
+    return (f"SIMULATED CHECK {status} on a simulated {SIMULATE} (NVML shim, fake nvidia-smi): {got}. On a real GPU "
+            "this proves that our device plugin, the real kubelet, containerd's CDI injection and NVIDIA's toolkit "
+            "spec give a container its allocated GPU with the driver's libraries and nvidia-smi, and that the UUID we "
+            "allocated is the GPU the driver shows there.")
 
 
 def main() -> int:

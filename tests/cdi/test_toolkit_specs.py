@@ -153,7 +153,8 @@ def test_in_a_container_with_two_gpu_nodes_the_shim_lists_exactly_those_two(node
         os.mknod(rootfs / "dev" / f"nvidia{minor}", 0o666 | stat.S_IFCHR, os.makedev(195, minor))
     shutil.copyfile(root.host("/usr/bin/nvidia-smi"), rootfs / "nvml-probe")
     os.chmod(rootfs / "nvml-probe", 0o755)
-    probe = subprocess.run([shutil.which("chroot") or "/usr/sbin/chroot", str(rootfs), "/nvml-probe"], capture_output=True, text=True, timeout=60, env={})
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    probe = subprocess.run([chroot, str(rootfs), "/nvml-probe"], capture_output=True, text=True, timeout=60, env={})
     assert probe.returncode == 0, probe.stderr
     gpus = our_gpus(report)
     assert probe.stdout.splitlines() == [f"nvml: 2 GPUs, driver {root.version}",

@@ -170,21 +170,23 @@ def test_mig_devices_are_named_as_the_toolkit_names_them() -> None:
 # ---- the device plugin's --cdi-specs external -------------------------------------------------------------
 
 
-def external_builder(dirs: list[Path]) -> GpuAllocateBuilder:
-    return GpuAllocateBuilder(GpuAllocateOptions(device_list_strategy=("cdi-cri",), cdi_specs="external",
-                                                 toolkit_dirs=tuple(str(d) for d in dirs)), "nvidia.com/gpu")
+def external_builder(dirs: list[Path], source: str | None = None) -> GpuAllocateBuilder:
+    options = GpuAllocateOptions(device_list_strategy=("cdi-cri",), cdi_specs="external", pass_device_specs=False,
+                                 toolkit_dirs=tuple(str(d) for d in dirs))
+    return GpuAllocateBuilder(options, "nvidia.com/gpu", source)
 
 
 def test_external_names_are_the_toolkits_uuid_names_and_resolve(toolkit_specs) -> None:
+    """The daemon's builder on the simulated node (no UUIDs in its file): names by the UUIDs we serve."""
     topology = load_simulated(SIMULATED)
     report = toolkit_specs["report"]
     gpus = [g for g in topology.gpus if g.index in (0, 5)]
-    # The device plugin's GPUs carry the same UUIDs our discover reports (and the toolkit names).
-    gpus = [g if g.uuid else Device(**{**g.__dict__, "uuid": gpu(report, g.index)["uuid"]}) for g in gpus]
-    out = external_builder([toolkit_specs["uuid"]]).build([g.uuid or "" for g in gpus], gpus)
+    assert all(g.uuid is None for g in gpus)  # the case: a simulated node names GPUs by made-up UUIDs
+    out = external_builder([toolkit_specs["uuid"]], topology.source).build([str(g.index) for g in gpus], gpus)
     assert out.cdi_devices == [f"nvidia.com/gpu={gpu(report, i)['uuid']}" for i in (0, 5)]
     assert set(out.cdi_devices) <= {f"nvidia.com/gpu={n}" for n in tk.device_names(
         tk.generate_loaded(toolkit_specs["uuid"] / "nvidia.yaml"))}
+    assert out.devices == []  # the toolkit's spec has the device nodes (passDeviceSpecs false)
 
 
 def test_external_names_missing_from_the_toolkits_spec_refuse_the_allocate_with_the_fix(toolkit_specs,
@@ -192,9 +194,9 @@ def test_external_names_missing_from_the_toolkits_spec_refuse_the_allocate_with_
     report = toolkit_specs["report"]
     g0 = Device(name="GPU0", kind=DeviceKind.GPU, index=0, uuid=gpu(report, 0)["uuid"], minor=0)
     with pytest.raises(AllocationError, match="generated before this device existed or without the uuid"):
-        external_builder([toolkit_specs["index"]]).build([g0.uuid or ""], [g0])
+        external_builder([toolkit_specs["index"]]).build(["0"], [g0])
     # No spec of the kind readable here (the directory not mounted into the daemon): passed unchecked, as before.
-    out = external_builder([tmp_path / "not-mounted"]).build([g0.uuid or ""], [g0])
+    out = external_builder([tmp_path / "not-mounted"]).build(["0"], [g0])
     assert out.cdi_devices == [f"nvidia.com/gpu={g0.uuid}"]
 
 

@@ -134,14 +134,11 @@ class ToolkitSpecs:
         self._files[path] = got
         return got
 
-    def check(self, d: Device) -> str | None:
-        """The device plugin's check of an `external` name (`<kind>=<UUID>`): None when a spec of our kind
-        defines it or no spec of our kind is readable here (nothing to check against: the runtime decides, as
-        before); else why not, with the fix."""
-        if not d.uuid:  # named by our ID then (`gpu_allocate`): not a toolkit name, nothing to check
-            return None
+    def check(self, d: Device, name: str) -> str | None:
+        """The device plugin's check of an `external` name (`<kind>=<name>`, the device's UUID): None when a
+        spec of our kind defines it or no spec of our kind is readable here (nothing to check against: the
+        runtime decides, as before); else why not, with the fix."""
         files, names = self.names()
-        name = d.uuid
         if not files or name in names:
             return None
         return (f"{self.kind}={name} ({d.name}) is not defined in {', '.join(files)}: the spec was generated before "
