@@ -17,6 +17,7 @@ The device plugin's `--cdi-specs external` names get the same check in Allocate 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -211,3 +212,55 @@ def test_toolkit_specs_are_reread_when_the_file_changes(toolkit_specs, tmp_path)
     shutil.copyfile(toolkit_specs["index"] / "nvidia.yaml", d / "nvidia.yaml")
     os.utime(d / "nvidia.yaml", ns=(1, 1))  # a different mtime even on a coarse clock
     assert "3" in specs.names()[1]
+
+
+# ---- the daemon's flags ----------------------------------------------------------------------------------
+
+
+async def test_serve_with_dra_toolkit_cdi_names_the_toolkits_device_and_refuses_without_its_spec(
+        toolkit_specs, apiserver, tmp_path) -> None:
+    """`serve --dra-toolkit-cdi uuid --toolkit-cdi-dirs DIR` as the chart runs it (a real child process)."""
+    import signal
+    import subprocess
+    import sys
+
+    from apiserver_standin import write_kubeconfig
+    from topo_testkit import pythonpath_env
+
+    base = tempfile.mkdtemp(prefix="dra-tks-", dir="/tmp")
+    kubelet_root, cdi, specs = os.path.join(base, "k"), os.path.join(base, "cdi"), os.path.join(base, "etc-cdi")
+    os.makedirs(specs)
+    for d in ("plugins_registry", "device-plugins"):  # the kubelet's, which exist on a node
+        os.makedirs(os.path.join(kubelet_root, d))
+    shutil.copyfile(toolkit_specs["uuid"] / "nvidia.yaml", os.path.join(specs, "nvidia.yaml"))
+    env = pythonpath_env(dict(os.environ, PYTHONUNBUFFERED="1", NODE_NAME=NODE, POD_UID="pod-1",
+                              KUBECONFIG=write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)))
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    log = tmp_path / "daemon.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "plugin", "serve", "--simulate", SIMULATED,
+                                 "--kubelet-root-dir", kubelet_root, "--cdi-spec-dir", cdi,
+                                 "--dra-resources", "nvidia.com/gpu", "--dra-toolkit-cdi", "uuid",
+                                 "--toolkit-cdi-dirs", specs], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = asyncio.get_running_loop().time() + 60
+        while not registration_sockets(kubelet_root):
+            assert proc.poll() is None and asyncio.get_running_loop().time() < deadline, log.read_text()[-3000:]
+            await asyncio.sleep(0.1)
+        plugin = await register(registration_sockets(kubelet_root)[0])
+        uid = apiserver.add_claim("team", "one", [result("gpu-2", "gpu")])
+        entry = (await plugin.prepare(("team", uid, "one"))).claims[uid]
+        assert entry.error == ""
+        assert list(entry.devices[0].cdi_device_ids) == [f"{DRIVER}/claim={uid}-gpu-2",
+                                                         f"nvidia.com/gpu={gpu(toolkit_specs['report'], 2)['uuid']}"]
+        os.unlink(os.path.join(specs, "nvidia.yaml"))  # the node's spec removed: the next claim is refused
+        uid2 = apiserver.add_claim("team", "two", [result("gpu-3", "gpu")])
+        error = (await plugin.prepare(("team", uid2, "two"))).claims[uid2].error
+        assert f"no CDI spec of kind nvidia.com/gpu (NVIDIA's container toolkit) in {specs}" in error
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
