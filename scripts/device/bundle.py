@@ -4,9 +4,10 @@
     python3 scripts/device/bundle.py unpack DIR W  # there: DIR -> W/bin, W/images, W/wheels
     python3 scripts/device/bundle.py locate W      # here, for --simulated: the same layout from the local caches
 
-Parts: the kubelet (tests/kubelet/kubelet_build.py, current line), containerd v2 and its runc shim
-(tests/e2e/dra), ctr of the same release (scripts/device/ctr), runc (Debian's), NVIDIA's nvidia-ctk and
-nvidia-cdi-hook (tests/support/nvidia_ctk), the busybox and pause images of the e2e, and wheels of our
+Parts: the kubelet (tests/kubelet/kubelet_build.py, current line), containerd v2 with its client ctr in
+one binary (scripts/device/containerd; `ctr` is a link to it) and its runc shim (tests/e2e/dra), runc
+(Debian's), NVIDIA's nvidia-ctk and nvidia-cdi-hook (tests/support/nvidia_ctk), Go programs built
+stripped (STRIP=1), the busybox and pause images of the e2e, and wheels of our
 runtime dependencies for the GPU machine's Python (3.12, manylinux x86-64). Our own code travels as the
 working tree (PYTHONPATH), so no wheel of ours is needed. Everything is built here, cached, and
 compressed; the device tool's whole transfer is limited to 64 MiB.
@@ -33,7 +34,8 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 
 
 def _go(script: list[str]) -> str:
-    proc = subprocess.run(["bash", *script], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(["bash", *script], cwd=ROOT, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "STRIP": "1"})
     if proc.returncode != 0:
         sys.exit(f"bundle: {' '.join(script)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return proc.stdout.strip().splitlines()[-1]
@@ -45,9 +47,8 @@ def binaries() -> dict[str, str]:
 
     out = {"kubelet": str(kubelet_build.kubelet_binary())}
     gb = "scripts/go_build_cached.sh"
-    out["containerd"] = _go([gb, "tests/e2e/dra/containerd", "containerd-v2"])
-    out["containerd-shim-runc-v2"] = _go([gb, "tests/e2e/dra/containerd-shim", "containerd-shim-v2"])
-    out["ctr"] = _go([gb, "scripts/device/ctr", "ctr-v2", "github.com/containerd/containerd/v2/cmd/ctr"])
+    out["containerd"] = _go([gb, "scripts/device/containerd", "containerd-ctr-v2"])
+    out["containerd-shim-runc-v2"] = _go([gb, "tests/e2e/dra/containerd-shim", "runc-shim-v2-stripped"])
     out["nvidia-ctk"] = _go(["tests/support/nvidia_ctk/build.sh", "nvidia-ctk"])
     out["nvidia-cdi-hook"] = _go(["tests/support/nvidia_ctk/build.sh", "nvidia-cdi-hook"])
     runc = shutil.which("runc")
@@ -89,7 +90,8 @@ def pack(out: pathlib.Path) -> None:
     (out / "bin").mkdir(parents=True)
     (out / "images").mkdir()
     for name, path in binaries().items():
-        with open(path, "rb") as src, lzma.open(out / "bin" / f"{name}.xz", "wb", preset=6) as dst:
+        with open(path, "rb") as src, lzma.open(out / "bin" / f"{name}.xz", "wb",
+                                                preset=9 | lzma.PRESET_EXTREME) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
     for name, path in images().items():
         shutil.copyfile(path, out / "images" / name)
@@ -114,6 +116,7 @@ def unpack(src: pathlib.Path, w: pathlib.Path) -> None:
         with lzma.open(f, "rb") as s, open(target, "wb") as d:
             shutil.copyfileobj(s, d, 1 << 20)
         os.chmod(target, 0o755)
+    _ctr_link(w / "bin")
     shutil.copytree(src / "images", w / "images", dirs_exist_ok=True)
     if (src / "wheels").is_dir():
         shutil.copytree(src / "wheels", w / "wheels", dirs_exist_ok=True)
@@ -126,6 +129,13 @@ def locate(w: pathlib.Path) -> None:
             target = w / sub / name
             target.unlink(missing_ok=True)
             os.symlink(path, target)
+    _ctr_link(w / "bin")
+
+
+def _ctr_link(bin_dir: pathlib.Path) -> None:
+    """`ctr` is the containerd binary called by that name (scripts/device/containerd/main.go)."""
+    (bin_dir / "ctr").unlink(missing_ok=True)
+    os.symlink("containerd", bin_dir / "ctr")
 
 
 def main() -> int:

@@ -42,7 +42,9 @@ mkdir -p "$W" "$out"
 if [ -d .device-bundle ]; then
   stamp "unpacking .device-bundle"
   "$py" scripts/device/bundle.py unpack .device-bundle "$W"
-  if [ -d "$W/wheels" ]; then
+  if [ -d "$W/wheels" ] && [ "$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != 3.12 ]; then
+    stamp "the wheels are for Python 3.12 (the GPU machine's); $py is not: using its own packages"
+  elif [ -d "$W/wheels" ]; then
     stamp "installing $(ls "$W/wheels" | wc -l) wheels into $W/site"
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$W/site" "$W"/wheels/*.whl
     export PYTHONPATH="$W/site${PYTHONPATH:+:$PYTHONPATH}"
