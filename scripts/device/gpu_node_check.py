@@ -70,10 +70,11 @@ class GpuCheck(ke.E2E):
             return driver_root_real(), {}
         from topo_testkit import driver_root as dr
 
-        report = dr.discover(SIMULATE) if (ROOT / ".venv").exists() else json.loads(
+        # Our discover, by the Python the daemon runs under (with the carried wheels on the GPU machine's).
+        report = json.loads(
             subprocess.run([self.a.python, "-m", "plugin", "discover", "--simulate", SIMULATE, "--format", "json"],
-                           check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
-                           ).stdout)
+                           check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                               filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}).stdout)
         root = dr.build_driver_root(self.w / "driver-root", dr.gpus_from_discover(report))
         return root.path, report
 
