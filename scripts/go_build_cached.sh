@@ -11,7 +11,9 @@
 # and an unchanged tree reuses it at once. Binary, Go module cache and Go build cache live under
 # $TOPO_DP_CACHE_DIR (default ~/.cache/topo-device-plugin: bin/, gomod/, gobuild/, the same caches
 # the kubelet builds use). go.sum is committed: the build runs with -mod=readonly.
-# CGO_ENABLED=1 in the environment builds with cgo (a program over go-nvml needs it; default 0).
+# CGO=1 in the environment builds with cgo (a program that dlopens a C library, e.g. nvidia-ctk
+# through go-nvml); the default is a static, cgo-free binary. STRIP=1 leaves out the symbol table
+# and debug information (-ldflags=-s; scripts/device/bundle.py, whose transfer is size-limited).
 # Exit codes: 0 ok (path printed), 3 no Go toolchain, 1 build failed, 2 usage.
 set -euo pipefail
 
@@ -22,6 +24,7 @@ fi
 DIR="$(cd "$1" && pwd)"
 NAME="$2"
 PACKAGE="${3:-.}"
+CGO="${CGO:-0}"
 CACHE="${TOPO_DP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topo-device-plugin}"
 BIN_DIR="$CACHE/bin"
 
@@ -39,7 +42,7 @@ if [[ -z "$GO_BIN" ]] || ! "$GO_BIN" version >/dev/null 2>&1; then
 fi
 
 # The key covers the sources and the Go version, so an edit or a new toolchain rebuilds.
-key="$( (cd "$DIR" && cat go.mod go.sum ./*.go; "$GO_BIN" version; echo "$PACKAGE cgo=${CGO_ENABLED:-0}") | sha256sum | cut -c1-16)"
+key="$( (cd "$DIR" && cat go.mod go.sum ./*.go; "$GO_BIN" version; echo "$PACKAGE"; [[ "$CGO" = 0 ]] || echo "cgo=$CGO"; [[ -z "${STRIP:-}" ]] || echo "strip") | sha256sum | cut -c1-16)"
 TARGET="$BIN_DIR/$NAME-$key"
 if [[ -x "$TARGET" ]]; then printf '%s\n' "$TARGET"; exit 0; fi
 
@@ -51,8 +54,8 @@ if [[ -x "$TARGET" ]]; then printf '%s\n' "$TARGET"; exit 0; fi
 start=$(date +%s)
 tmp="$TARGET.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
-if ! (cd "$DIR" && CGO_ENABLED="${CGO_ENABLED:-0}" GOTOOLCHAIN=local GOMODCACHE="$CACHE/gomod" GOCACHE="$CACHE/gobuild" \
-      GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath -buildvcs=false" \
+if ! (cd "$DIR" && CGO_ENABLED="$CGO" GOTOOLCHAIN=local GOMODCACHE="$CACHE/gomod" GOCACHE="$CACHE/gobuild" \
+      GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath -buildvcs=false${STRIP:+ -ldflags=-s}" \
       nice -n "${NICE:-15}" "$GO_BIN" build -o "$tmp" "$PACKAGE") >&2; then
   log "go build failed"
   exit 1

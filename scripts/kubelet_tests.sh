@@ -80,6 +80,22 @@ prepare() {
   build "e2e images" images
   cluster_prepare
   dra_prepare
+  toolkit_prepare
+}
+
+# ---- NVIDIA's container toolkit (tests/support/nvidia_ctk, v1.20.2): nvidia-ctk and nvidia-cdi-hook --------
+# tests/cdi/test_toolkit_specs.py and scripts/device/real_gpu_check.sh use them. Exit 3: no Go toolchain
+# (skip, except in CI).
+toolkit_prepare() {
+  local program
+  for program in nvidia-ctk nvidia-cdi-hook; do
+    stage_start "toolkit: $program"
+    local rc=0
+    bash tests/support/nvidia_ctk/build.sh "$program" >/dev/null || rc=$?
+    stage_end
+    if [ "$rc" = 3 ] && [ "${TOPO_DP_REQUIRE_CDI_TOOLS:-}" != 1 ]; then return 0; fi
+    [ "$rc" = 0 ] || exit "$rc"
+  done
 }
 
 # ---- DRA e2e (tests/e2e/dra): containerd v2 and its runc shim, built from their Go module --------

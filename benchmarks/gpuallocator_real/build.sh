@@ -5,4 +5,4 @@
 # (exit codes: 0 ok, 3 no Go toolchain, 1 build failed).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
-CGO_ENABLED=1 exec bash "$HERE/../../scripts/go_build_cached.sh" "$HERE" gpuallocator-real
+CGO=1 exec bash "$HERE/../../scripts/go_build_cached.sh" "$HERE" gpuallocator-real

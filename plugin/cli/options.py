@@ -23,6 +23,7 @@ from click.core import ParameterSource
 from ..config import Config, ConfigError, load_config
 from ..config.flags import BY_DEST, KIND_FIX, Option, options_for, restart_needed
 from ..errors import InputError, OptionError
+from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS
 from ..model.gpu_allocate import GpuAllocateOptions
 from ..observability.address import parse_address
 from ..observability.logging_setup import release_early_logs
@@ -217,6 +218,7 @@ def resource_options(settings: Settings) -> ResourceOptions:
             cdi_class=v["cdi_class"],
             cdi_annotation_prefix=v["cdi_annotation_prefix"],
             pass_device_specs=v["pass_device_specs"],
+            toolkit_dirs=tuple(v.get("toolkit_cdi_dirs") or DEFAULT_TOOLKIT_DIRS),
         ),
         nic_pools=_nic_pools(settings),
         nic_resource_name=v["nic_resource_name"],

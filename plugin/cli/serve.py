@@ -59,10 +59,19 @@ def dra_factory(settings: Settings) -> DraFactory:
                                     instance_id=os.environ.get("POD_UID") or None, dev_root=v["dev_root"],
                                     mig_backend=backend, mig_caps=caps, real_gpus=not v["simulate"],
                                     netdev_attach=v["netdev_attach"], nri_socket=v["nri_socket"],
-                                    pod_primary_interface=v["pod_primary_interface"], nccl_env=bool(v["nccl_env"])),
+                                    pod_primary_interface=v["pod_primary_interface"], nccl_env=bool(v["nccl_env"]),
+                                    toolkit_cdi=v["dra_toolkit_cdi"], toolkit_dirs=toolkit_dirs(settings),
+                                    toolkit_kind=f"{v['cdi_vendor']}/{v['cdi_class']}"),
                          api, owns_api=True)
 
     return make
+
+
+def toolkit_dirs(settings: Settings) -> tuple[str, ...]:
+    """`--toolkit-cdi-dirs`, or the CDI spec directories runtimes read by default."""
+    from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS
+
+    return tuple(settings.values.get("toolkit_cdi_dirs") or DEFAULT_TOOLKIT_DIRS)
 
 
 def dra_mig(settings: Settings) -> tuple[Any, Any, Any]:

@@ -235,8 +235,14 @@ OPTIONS: tuple[Option, ...] = (
            choices=("write", "external"), target=R),
     Option("cdi_spec_dir", "Where our CDI specs go (with --cdi-specs write and a CDI device list strategy).",
            kind="path", default="/var/run/cdi", commands=SERVE, chart_managed=True, target=S),
-    Option("cdi_vendor", "CDI vendor of the names with --cdi-specs external.", default="nvidia.com", target=R),
-    Option("cdi_class", "CDI class of the names with --cdi-specs external.", default="gpu", target=R),
+    Option("cdi_vendor", "CDI vendor of the names with --cdi-specs external and --dra-toolkit-cdi.",
+           default="nvidia.com", target=R),
+    Option("cdi_class", "CDI class of the names with --cdi-specs external and --dra-toolkit-cdi.", default="gpu",
+           target=R),
+    Option("toolkit_cdi_dirs", "Where the CDI spec of NVIDIA's container toolkit is looked for (comma separated): "
+           "the names of --dra-toolkit-cdi and of --cdi-specs external are checked against the files of kind "
+           "<cdi-vendor>/<cdi-class> here before an answer names them.", kind="list", metavar="DIRS",
+           default_text="/etc/cdi,/var/run/cdi", target=R, schema_extra={"pattern": "^/"}),
     Option("cdi_annotation_prefix", "Key prefix of the cdi-annotations strategy's annotations.",
            default="cdi.k8s.io/", target=R, schema_extra={"pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/$"}),
     Option("dra_resources", "Resources served through Dynamic Resource Allocation (driver topo.dev, ResourceSlices and "
@@ -257,6 +263,13 @@ OPTIONS: tuple[Option, ...] = (
            "can hold shares of one GPU's memory capacity (consumable capacity, KEP-5075; needs the "
            "DRAConsumableCapacity gate, on by default since 1.36). A claim that asks for no memory still takes the "
            "whole GPU (docs/dra.md).", kind="bool", default=False, commands=SERVE, target=Target.DRA),
+    Option("dra_toolkit_cdi", "DRA mode: give each prepared GPU and MIG device NVIDIA's container toolkit's CDI "
+           "device beside ours (<cdi-vendor>/<cdi-class>=<UUID> with uuid; =<index>, a MIG device "
+           "<GPU index>:<slot>, with index), so the container also gets the driver's libraries, nvidia-smi, "
+           "firmware and hooks from the toolkit's spec; prepare checks each name against that spec in "
+           "--toolkit-cdi-dirs and fails the claim with the fix when the spec or the name is missing. off: our "
+           "spec alone (device nodes and env; docs/nvidia-toolkit.md).", kind="choice", default="off",
+           choices=("off", "uuid", "index"), commands=SERVE, chart_managed=True, target=Target.DRA),
     Option("netdev_attach", "DRA mode: move each prepared NIC's network interface (and its RDMA device, when the "
            "RDMA subsystem is in exclusive netns mode) into its pod's network namespace when the pod's sandbox "
            "starts, configured as the claim's NicConfig says, and back when the pod goes (auto: through the "

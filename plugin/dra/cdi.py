@@ -13,6 +13,14 @@ fsync, rename, directory fsync). Two calls are all the driver needs:
 - `remove_claim_spec(claim_uid)` removes it; removing one that is not there
   is not an error (unprepare must be idempotent).
 
+With `--dra-toolkit-cdi uuid|index` each GPU's and MIG device's IDs also carry
+the name NVIDIA's container toolkit gives it (`nvidia.com/gpu=<UUID>`), after
+ours: the toolkit's spec brings the driver's libraries, `nvidia-smi`, firmware
+and hooks, ours the exact device nodes and our env (and NICs). The names are
+resolved against the toolkit's spec files before our spec is written; a
+missing spec or name fails the claim (`ToolkitSpecError`, with the
+`nvidia-ctk cdi generate` command that fixes it) and nothing is written.
+
 One spec per claim (not per device), named as the CDI library names
 "transient" specs (`<vendor>-<class>_<claim UID>.json`), because a claim's
 devices appear and disappear together; device names carry the claim UID
@@ -42,6 +50,7 @@ from allocator.pairing import pair_weight
 from allocator.topology import Device, DeviceKind, NodeTopology
 
 from ..model.cdi import CdiOptions, CdiSpecWriter, claim_spec
+from ..model.cdi.toolkit import ToolkitSpecs
 from ..model.cdi.writer import CdiWriteError
 from ..model.nccl_env import nccl_env
 from ..errors import RuntimeFailure, shorten
@@ -114,7 +123,7 @@ class ClaimSpecs:
     """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.model.cdi`."""
 
     def __init__(self, cdi_root: str, driver: str = "topo.dev", options: CdiOptions | None = None,
-                 nccl_topology: Callable[[], NodeTopology] | None = None):
+                 nccl_topology: Callable[[], NodeTopology] | None = None, toolkit: ToolkitSpecs | None = None):
         self.kind = f"{driver}/claim"
         #: With `--nccl-env`: the node's topology, whose GPU–NIC pairing weights order the claim's NCCL hint.
         self.nccl_topology = nccl_topology
@@ -122,6 +131,8 @@ class ClaimSpecs:
         # The writer only accepts names starting with "<its prefix>.": the driver's first label.
         self.writer = CdiSpecWriter(cdi_root, vendor_prefix=driver.split(".", 1)[0])
         self.options = options or CdiOptions(spec_dir=cdi_root)
+        #: NVIDIA's toolkit's spec, whose names go beside ours (None: our spec alone).
+        self.toolkit = toolkit
 
     def file_name(self, claim_uid: str) -> str:
         return f"{self._prefix}{claim_uid}.json"
@@ -132,6 +143,8 @@ class ClaimSpecs:
     def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]],
                          settings: Mapping[str, Mapping[str, str]] | None = None) -> list[list[str]]:
         check_claim_uid(claim_uid)
+        # Before anything is written: a claim the toolkit's spec cannot serve leaves nothing behind.
+        toolkit = self.toolkit.resolve(d for _, d in devices) if self.toolkit else [[] for _ in devices]
         named = [(f"{claim_uid}-{name}", d) for name, d in devices]
         env = [device_env(name, d) + setting_env(name, (settings or {}).get(name, {})) for name, d in devices]
         spec = claim_spec(self.kind, named, self.options, env, self.claim_env([d for _, d in devices]))
@@ -139,7 +152,7 @@ class ClaimSpecs:
             self.writer.write(spec, self.file_name(claim_uid))
         except CdiWriteError as e:
             raise _dir_error(e) from None
-        return [[spec.qualified(n)] for n, _ in named]
+        return [[spec.qualified(n), *extra] for (n, _), extra in zip(named, toolkit)]
 
     def claim_env(self, devices: Sequence[Device]) -> list[str]:
         """The NCCL hint of a claim's devices as `KEY=VALUE` (none without `nccl_topology`).

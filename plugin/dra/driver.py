@@ -43,6 +43,7 @@ from allocator.topology import DeviceKind, NodeTopology
 
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ..model.cdi import CdiOptions
+from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS, TOOLKIT_STRATEGIES, ToolkitSpecs
 from .cdi import ClaimCdi, ClaimSpecs
 from .checkpoint import ClaimCheckpoint
 from .health_service import HealthBoard
@@ -98,10 +99,18 @@ class DraOptions:
     nri_socket: str = "/var/run/nri/nri.sock"
     #: The interface the pod's primary CNI creates: no NIC may take its name (`--pod-primary-interface`).
     pod_primary_interface: str = "eth0"
+    #: NVIDIA's toolkit's CDI names beside ours for each prepared GPU/MIG device (`--dra-toolkit-cdi`: uuid,
+    #: index) or not (off), checked against its spec in `toolkit_dirs` of kind `toolkit_kind`
+    #: (plugin/model/cdi/toolkit.py).
+    toolkit_cdi: str = "off"
+    toolkit_dirs: tuple[str, ...] = DEFAULT_TOOLKIT_DIRS
+    toolkit_kind: str = "nvidia.com/gpu"
 
     def __post_init__(self) -> None:
         if self.netdev_attach not in NETDEV_ATTACH:
             raise ValueError(f"netdev_attach {self.netdev_attach!r}: want one of {', '.join(NETDEV_ATTACH)}")
+        if self.toolkit_cdi not in ("off", *TOOLKIT_STRATEGIES):
+            raise ValueError(f"toolkit_cdi {self.toolkit_cdi!r}: want off or one of {', '.join(TOOLKIT_STRATEGIES)}")
 
     @property
     def driver_name(self) -> str:
@@ -131,7 +140,9 @@ class DraDriver:
         self.checkpoint = ClaimCheckpoint(self.paths.checkpoint, self.paths.lock, options.driver_name)
         self.cdi = cdi or ClaimSpecs(options.cdi_root, options.driver_name,
                                      CdiOptions(spec_dir=options.cdi_root, dev_root=options.dev_root),
-                                     nccl_topology=(lambda: self.topology) if options.nccl_env else None)
+                                     nccl_topology=(lambda: self.topology) if options.nccl_env else None,
+                                     toolkit=None if options.toolkit_cdi == "off" else
+                                     ToolkitSpecs(options.toolkit_dirs, options.toolkit_kind, options.toolkit_cdi))
         #: Close the API client on stop (the daemon hands the driver a client of its own).
         self.owns_api = owns_api
         self.publisher = SlicePublisher(api, options.slices, resync_s=options.resync_s)

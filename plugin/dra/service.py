@@ -37,6 +37,7 @@ from ..api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
 from ..api.pluginregistration.v1 import api_pb2 as reg_pb2
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ..errors import shorten
+from ..model.cdi.toolkit import ToolkitSpecError
 from .cdi import BadClaimUid, CdiDirError, check_claim_uid
 from .health_service import HEALTH_SERVICES, HealthBoard, add_health_services
 from .prepare import ClaimPreparer, ClaimRef, PrepareError
@@ -134,6 +135,10 @@ def _claim_error(what: str, ref: ClaimRef, e: Exception, version: str) -> str:
         return str(e)
     if isinstance(e, CdiDirError):  # the node is misconfigured: the message holds the fix
         log.error(f"{what} failed: the node's CDI directory is unusable", extra={**where, "reason": str(e)})
+        return str(e)
+    if isinstance(e, ToolkitSpecError):  # --dra-toolkit-cdi: the toolkit's spec is missing or stale; the fix is in it
+        log.error(f"{what} failed: NVIDIA's toolkit's CDI spec cannot name the devices", extra={**where,
+                                                                                              "reason": str(e)})
         return str(e)
     log.error(f"{what} failed unexpectedly (a bug)", exc_info=e, extra=where)
     return f"internal error: {type(e).__name__}: {e}"

@@ -22,7 +22,15 @@ and compute instance capability nodes (`/dev/nvidia-caps/nvidia-cap<N>`), as
 NVIDIA's plugin passes them. CDI names come from the spec we wrote for the
 resource (`plugin.model.cdi_names.CdiNamingBuilder` wraps this builder); with
 `--cdi-specs external` they are `<cdi-vendor>/<cdi-class>=<UUID>` of a spec
-another tool generated.
+another tool generated (NVIDIA's `nvidia-ctk cdi generate`, whose default names
+every GPU both by index and by UUID; a MIG device's UUID name is its MIG UUID).
+UUID, not index: an index name changes meaning when a GPU falls off the bus.
+Allocate checks each name against the spec files in `toolkit_dirs` and refuses
+the request, naming the fix, when a spec of that kind is there but lacks the
+name (stale, or generated with `--device-name-strategy index` only): the
+container would otherwise fail at creation with "unresolvable CDI devices".
+With no spec of the kind readable in those directories (not mounted into the
+daemon's container) the names are passed unchecked, as before.
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ from dataclasses import dataclass
 from allocator.topology import Device, DeviceKind
 
 from .allocate_response import ContainerAllocation, DeviceNode
+from .cdi.toolkit import DEFAULT_TOOLKIT_DIRS, ToolkitSpecError, ToolkitSpecs
 from .cdi_names import add_names, uses_cdi
+from .identity import device_uuid
 from ..config.flags import DEVICE_LIST_STRATEGIES
 from ..errors import OptionError
 
@@ -55,6 +65,8 @@ class GpuAllocateOptions:
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     #: False: a device named through CDI gets no device nodes from us (the runtime injects them from the spec).
     pass_device_specs: bool = True
+    #: Where `--cdi-specs external` names are checked (the CDI spec directories the runtime reads).
+    toolkit_dirs: tuple[str, ...] = DEFAULT_TOOLKIT_DIRS
 
     def __post_init__(self) -> None:
         bad = [s for s in self.device_list_strategy if s not in DEVICE_LIST_STRATEGIES]
@@ -86,9 +98,13 @@ def device_paths(d: Device) -> list[str]:
 class GpuAllocateBuilder:
     """Builds the response for one container's GPUs or MIG devices (IDs of physical devices, each once)."""
 
-    def __init__(self, options: GpuAllocateOptions, resource_name: str):
+    def __init__(self, options: GpuAllocateOptions, resource_name: str, source: str | None = None):
         self.options = options
         self.resource_name = resource_name
+        #: The topology's source: a simulated GPU without its own UUID is named by its made-up one
+        #: (`plugin.model.identity`), as its device-plugin ID and its DRA slice name it; None: `d.uuid or ID`.
+        self.source = source
+        self._toolkit = ToolkitSpecs(options.toolkit_dirs, f"{options.cdi_vendor}/{options.cdi_class}", "uuid")
 
     def _node(self, name: str) -> DeviceNode | None:
         host = os.path.join(self.options.dev_root, name)
@@ -105,7 +121,12 @@ class GpuAllocateBuilder:
         else:
             out.envs["NVIDIA_VISIBLE_DEVICES"] = "void"
         if o.uses_cdi and o.cdi_specs == "external":
-            names = [f"{o.cdi_vendor}/{o.cdi_class}={d.uuid or i}" for i, d in zip(ids, devices)]
+            uuids = [device_uuid(self.source, d) if self.source is not None else d.uuid for d in devices]
+            names = [f"{o.cdi_vendor}/{o.cdi_class}={u or i}" for i, u in zip(ids, uuids)]
+            for d, u in zip(devices, uuids):
+                problem = self._toolkit.check(d, u) if u else None
+                if problem:
+                    raise ToolkitSpecError(problem)
             add_names(out, names, strategies, o.cdi_annotation_prefix, self.resource_name)
             if not o.pass_device_specs:
                 return out  # `nvidia-ctk cdi generate`'s spec has the device nodes; the runtime injects them

@@ -127,7 +127,7 @@ def _mig_resource(topology: NodeTopology, group: GpuGroup, options: ResourceOpti
     numa = {p.name: p.numa for p in parents}
     devs = tuple(ResourceDevice(i, d, numa[d.parent or ""]) for i, d in zip(ids, group.devices))
     graph = child_graph(parent_graph, [(i, of_parent[d.parent or ""]) for i, d in zip(ids, group.devices)])
-    builder = GpuAllocateBuilder(options.gpu_allocate, group.name)
+    builder = GpuAllocateBuilder(options.gpu_allocate, group.name, topology.source)
     return Resource(group.name, DeviceKind.MIG, devs, "mig", graph, builder, dict(options.gpu_policy_options))
 
 
@@ -141,9 +141,10 @@ def _gpu_resources(topology: NodeTopology, options: ResourceOptions) -> list[Res
         members = [(gpu_id(topology, d, options.device_id_strategy), d, d.numa) for d in group.devices]
         _unique(topology, [m[0] for m in members], "GPU")
         out.append(_resource(topology, group.name, DeviceKind.GPU, members, options.gpu_policy,
-                             GpuAllocateBuilder(options.gpu_allocate, group.name), options.gpu_policy_options))
+                             GpuAllocateBuilder(options.gpu_allocate, group.name, topology.source),
+                             options.gpu_policy_options))
     return apply_time_slicing(out, options.time_slicing, options.gpu_resource_name,
-                              lambda name: GpuAllocateBuilder(options.gpu_allocate, name))
+                              lambda name: GpuAllocateBuilder(options.gpu_allocate, name, topology.source))
 
 
 def nic_id(topology: NodeTopology, device: Device, strategy: str) -> str:

@@ -435,7 +435,7 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     chart = json.loads((CHART / "values.schema.json").read_text())
     chart_config = chart["properties"]["config"]["properties"]
     chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress", "cdiSpecDir", "draResources",
-                     "fabricLabelsFile", "fabricLabelsNode", "netdevAttach", "nriSocket"}
+                     "fabricLabelsFile", "fabricLabelsNode", "netdevAttach", "nriSocket", "draToolkitCdi"}
     # NVIDIA's own keys are for NVIDIA config files brought along unchanged, not for chart values.
     nvidia_only = set(json.loads(_daemon_python(
         "import json; from plugin.config.nvidia import FLAG_PROPERTIES as F; print(json.dumps(list(F)))").stdout))
@@ -446,6 +446,7 @@ def test_values_schema_flags_match_the_daemon_config_schema():
             assert chart_config["flags"]["properties"][key]["enum"] == spec["enum"], key
     # Chart-managed choices are chart values of their own, with the daemon's choices.
     assert chart["properties"]["dra"]["properties"]["netdevAttach"]["enum"] == daemon_flags["netdevAttach"]["enum"]
+    assert chart["properties"]["dra"]["properties"]["toolkitCdi"]["enum"] == daemon_flags["draToolkitCdi"]["enum"]
     daemon_health = daemon["properties"]["gpus"]["properties"]["health"]["properties"]
     chart_health = chart_config["gpus"]["properties"]["health"]["properties"]
     assert set(chart_health) == set(daemon_health)
@@ -1007,3 +1008,24 @@ def test_fabric_labels_nfd_dir_is_configurable(helm, tmp_path):
     assert "--fabric-labels-file=/opt/nfd/features.d/topo-device-plugin-clique" in r.container["args"]
     assert {v["name"]: v["hostPath"]["path"] for v in r.pod_spec["volumes"] if "hostPath" in v}[
         "nfd-features"] == "/opt/nfd/features.d/"
+
+
+@pytest.mark.parametrize("values,mounted", [
+    ({"dra": {"resources": ["nvidia.com/gpu"], "toolkitCdi": "uuid"}}, True),
+    ({"dra": {"resources": ["nvidia.com/gpu"], "toolkitCdi": "uuid"},
+      "config": {"flags": {"toolkitCdiDirs": ["/var/run/cdi"]}}}, False),  # the spec is read where we write ours
+    ({"config": {"flags": {"deviceListStrategy": "cdi-cri", "cdiSpecs": "external"}}}, True),
+    ({"config": {"flags": {"deviceListStrategy": "cdi-cri"}}}, False),  # our own specs: nothing of the toolkit's read
+    ({"dra": {"resources": ["nvidia.com/gpu"]}}, False),  # toolkitCdi off
+])
+def test_the_toolkits_cdi_dir_is_mounted_read_only_exactly_when_its_spec_is_read(helm, tmp_path, values, mounted):
+    r = render(helm, tmp_path, values)
+    volumes = {v["name"]: v for v in r.pod_spec["volumes"]}
+    mounts = {m["name"]: m for m in r.container["volumeMounts"]}
+    assert ("toolkit-cdi" in volumes) is mounted and ("toolkit-cdi" in mounts) is mounted
+    if mounted:
+        assert volumes["toolkit-cdi"]["hostPath"] == {"path": "/etc/cdi", "type": "DirectoryOrCreate"}
+        assert mounts["toolkit-cdi"] == {"name": "toolkit-cdi", "mountPath": "/etc/cdi", "readOnly": True}
+    dra_on = bool(values.get("dra"))
+    toolkit = values.get("dra", {}).get("toolkitCdi", "off")
+    assert (f"--dra-toolkit-cdi={toolkit}" in r.container["args"]) is dra_on

@@ -122,6 +122,16 @@ cdi-annotations): the daemon then writes its CDI specs to the host's /var/run/cd
 {{- if or (has "cdi-cri" $l) (has "cdi-annotations" $l) }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the daemon reads NVIDIA's toolkit's CDI spec from /etc/cdi: DRA names its devices
+(dra.toolkitCdi) or the device plugin names them with cdiSpecs external (a CDI strategy), and
+config.flags.toolkitCdiDirs (default /etc/cdi,/var/run/cdi) has /etc/cdi. It is then mounted read-only;
+/var/run/cdi is mounted whenever CDI or DRA is on. */}}
+{{- define "topo-device-plugin.toolkitSpecs" -}}
+{{- $dirs := .Values.config.flags.toolkitCdiDirs | default (list "/etc/cdi" "/var/run/cdi") }}
+{{- $dirs = ternary (splitList "," (toString $dirs)) $dirs (kindIs "string" $dirs) }}
+{{- if and (has "/etc/cdi" $dirs) (or (and (include "topo-device-plugin.draEnabled" .) (ne (toString .Values.dra.toolkitCdi) "off")) (and (include "topo-device-plugin.cdiEnabled" .) (eq (toString .Values.config.flags.cdiSpecs) "external"))) }}true{{ end }}
+{{- end }}
+
 {{- define "topo-device-plugin.metricsServiceEnabled" -}}
 {{- if or .Values.metrics.service.enabled .Values.metrics.serviceMonitor.enabled }}true{{ end }}
 {{- end }}

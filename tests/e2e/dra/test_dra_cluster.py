@@ -28,6 +28,7 @@ import pytest
 from cluster import NODE, Cluster
 from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
+from toolkit_node import PROBE, make_toolkit_spec
 from workloads import NAMESPACE, REPORT_MARK, Node, StageTimes, chart_values, daemon_pods, diagnose, helm_upgrade, \
     wait_allocatable, wait_daemon_ready, workload
 
@@ -460,6 +461,63 @@ def test_deleting_the_pods_unprepares_every_claim_and_leaks_nothing(installed):
                  lambda: not c.get("resourceclaims", "-n", NAMESPACE)["items"], 120)
     assert claim_specs(c) == []
     assert len(daemon_pods(c)) == 1
+
+
+# ---- NVIDIA's toolkit's devices beside ours (dra.toolkitCdi, docs/nvidia-toolkit.md) -------------------
+
+
+def test_with_toolkit_names_prepare_waits_for_the_toolkits_spec_then_the_pod_gets_the_drivers_files(installed):
+    """Without NVIDIA's spec on the node prepare fails with the reason (on the pod's events); once `nvidia-ctk cdi
+    generate` wrote it, the kubelet's retry prepares the claim and the container of 2 of the 8 GPUs sees exactly
+    their device nodes, the driver's files at the paths the spec names, and NVML (the probe, dlopening
+    `libnvidia-ml.so.1` from those mounts) lists exactly its two GPUs."""
+    c = installed["c"]
+    spec = make_toolkit_spec(c.w / "toolkit", installed["node"].node_file)
+    v = values(installed)
+    v["dra"]["toolkitCdi"] = "uuid"
+    v["config"]["flags"]["toolkitCdiDirs"] = ["/var/run/cdi"]  # where the toolkit's spec goes here
+    with stage("helm upgrade dra.toolkitCdi=uuid + driver Ready"):
+        helm_upgrade(c, v)
+        wait_daemon_ready(c)
+    pod = claim_pod("libs", installed["image"], {"pair": "two-gpu-nic-pairs"})
+    pod["spec"]["containers"][0]["command"] = ["python3", "-c", PROBE, json.dumps(spec.mounted)]
+    c.apply(pod)
+
+    def refused() -> list[str]:
+        items = c.get("events", "-n", NAMESPACE, "--field-selector", "involvedObject.name=libs")["items"]
+        return [e["message"] for e in items if e["reason"] == "FailedPrepareDynamicResources"]
+
+    with stage("no toolkit spec: prepare refused"):
+        (message, *_) = wait_for("prepare refused for want of the toolkit's spec", refused, 240)
+    assert "no CDI spec of kind nvidia.com/gpu" in message and "nvidia-ctk cdi generate" in message, message
+    assert get_pod(c, "libs")["status"]["phase"] == "Pending"
+
+    c.sb.sh("cp", str(spec.path), "/var/run/cdi/nvidia.yaml")
+    with stage("toolkit spec written: the kubelet's retry prepares, pod Running"):
+        pod = wait_running(c, "libs", timeout=420)
+    claim = claims_of(c, pod)["pair"]
+    entry = prepared(c)[claim["metadata"]["uid"]]
+    uuids = {}
+    for d in entry.devices:
+        if d.device.startswith("gpu-"):
+            uuids[d.device] = spec.uuids[int(d.device.split("-")[1])]
+            assert list(d.cdi_device_ids)[1:] == [f"nvidia.com/gpu={uuids[d.device]}"], d
+        else:
+            assert len(d.cdi_device_ids) == 1, d  # a NIC: ours alone
+    assert len(uuids) == 2
+    rep = wait_for("pod libs's report", lambda: report_ns(c, "libs"), 120)
+    assert rep["devices"] == sorted(f"nvidia{g.split('-')[1]}" for g in uuids), rep
+    assert rep["files"] and all(rep["files"].values()), rep["files"]
+    assert rep["nvml_link"] == f"libnvidia-ml.so.{spec.root.version}"
+    assert rep["smi_rc"] == 0, rep["smi_err"]
+    assert sorted(re.sub(r".*\(UUID: (.*)\)$", r"\1", ln) for ln in rep["smi"]) == sorted(uuids.values())
+
+    delete_pod(c, "libs")
+    wait_for("the claim unprepared", lambda: not prepared(c), 120)
+    c.sb.sh("rm", "-f", "/var/run/cdi/nvidia.yaml")
+    with stage("helm upgrade back to dra.toolkitCdi=off"):
+        helm_upgrade(c, values(installed))
+        wait_daemon_ready(c)
 
 
 # ---- unchanged pods through the extended-resource mapping (KEP-5004, GA in 1.37) --------------------
