@@ -69,7 +69,7 @@ def dra_factory(settings: Settings) -> DraFactory:
 
 def toolkit_dirs(settings: Settings) -> tuple[str, ...]:
     """`--toolkit-cdi-dirs`, or the CDI spec directories runtimes read by default."""
-    from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS
+    from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS  # noqa: PLC0415 (serve imports the DRA side lazily, as above)
 
     return tuple(settings.values.get("toolkit_cdi_dirs") or DEFAULT_TOOLKIT_DIRS)
 

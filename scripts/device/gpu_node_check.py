@@ -40,8 +40,8 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests" / "e2e"), str(ROOT / "tests" / "support"), str(ROOT)]
 
-import kubelet_e2e as ke  # noqa: E402  (the e2e's plumbing, importable only once the path is set)
-from kubelet_e2e import BUSYBOX, GPU, PAUSE, check_private_namespace, log  # noqa: E402
+import kubelet_e2e as ke
+from kubelet_e2e import BUSYBOX, GPU, PAUSE, check_private_namespace, log
 
 SIMULATE = "dgx-h100"
 POD = "gpu-check"
