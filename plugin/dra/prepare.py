@@ -41,7 +41,10 @@ NICs (issue 21): the claim's NicConfig is checked here, through `ClaimNetwork`
 (`plugin.dra.pod_network`), before anything is written: a bad one fails the
 claim with the field and the fix, and the reason also goes on the claim. What
 each NIC becomes in the pod, and the pods the claim is reserved for, are
-recorded with the claim; the NICs move when the pod's sandbox starts. Unprepare
+recorded with the claim; the NICs move when the pod's sandbox starts. What only
+shows against the other prepared claims (an address another claim holds, an
+interface name two claims of one pod ask for, `plugin.dra.network_conflicts`)
+is checked under the checkpoint lock as the claim is recorded. Unprepare
 first has the claim's NICs given back to the node (a failure keeps the claim
 recorded, so the kubelet's retry finds it).
 """
@@ -65,6 +68,7 @@ from .gpu_config import Interval
 from .kubeapi import KubeApiUnreachable
 from .mig_prepare import MigPreparer
 from .network_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
+from .network_conflicts import check_conflicts
 from .sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
     device_settings, state_path
 from .slices import SliceOptions, device_table
@@ -100,6 +104,15 @@ class ClaimRef:
 
 class PrepareError(Exception):
     """A claim cannot be prepared; the message goes to the kubelet (and the pod's events)."""
+
+
+class NicConflict(PrepareError):
+    """The claim's NICs clash with another prepared claim's (`plugin.dra.network_conflicts`): found under the
+    checkpoint lock, reported on the claim once the lock is released."""
+
+    def __init__(self, error: NicConfigError):
+        super().__init__(str(error))
+        self.error = error
 
 
 class ClaimNetwork(Protocol):
@@ -263,7 +276,14 @@ class ClaimPreparer:
                 else:
                     ready.append((ref, got))
             if ready:
-                out.update(await self.checkpoint.update(lambda claims, ready=ready: self._record(claims, ready)))
+                done = await self.checkpoint.update(lambda claims, ready=ready: self._record(claims, ready))
+                out.update(done)
+                for ref, (allocated, *_) in ready:
+                    refusal = done.get(ref.uid)
+                    if isinstance(refusal, NicConflict):
+                        log.warning("claim refused: its NICs clash with a prepared claim's",
+                                    extra={"uid": ref.uid, "reason": str(refusal)})
+                        await self.network.refused(ref, allocated, refusal.error)
         return out
 
     def _record(self, claims: dict[str, PreparedClaim],
@@ -277,6 +297,11 @@ class ClaimPreparer:
                 continue
             if self._stopping.is_set():
                 done[ref.uid] = _stopping()
+                continue
+            try:  # against every claim prepared here, this batch's earlier ones included
+                check_conflicts(f"{ref.namespace}/{ref.name}", ref.uid, pods, networks, claims)
+            except NicConfigError as e:
+                done[ref.uid] = NicConflict(e)
                 continue
             devices = {name: dev for name, dev, _ in allocated}
             if wants:  # one time-slice setting per GPU: checked against every prepared claim, then applied
