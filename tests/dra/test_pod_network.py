@@ -327,3 +327,22 @@ async def test_a_claim_with_nics_reserved_for_two_pods_is_refused(net, side, api
         await s.preparer.prepare(ClaimRef("team", shared, "shared"))
     gpus = apiserver.add_claim("team", "gpus", results(("gpu-0", "gpus")), pods=["pod-a", "pod-b"])
     assert (await s.preparer.prepare(ClaimRef("team", gpus, "gpus"))).pods == ("pod-a", "pod-b")  # GPUs only: fine
+
+
+async def test_a_pod_stopped_while_the_driver_was_away_is_said_so_once_and_nothing_is_attached(
+        net, side, apiserver, caplog):
+    """After a driver restart during a teardown, NRI's synchronize still lists the stopped sandbox with
+    the path of its network namespace, which is gone: the pod is not attached to (that used to log
+    `attaching a running pod's NICs failed ... No such file or directory` at every reconnection)."""
+    a = net.veth()
+    s = side(node_with_netdevs(a.name))
+    stopped = Sandbox(str(uuid.uuid4()), "team", "stopped", f"/var/run/netns/gone-{uuid.uuid4().hex[:8]}")
+    uid = apiserver.add_claim("team", "c", results(("nic-nic0", "nic")), pods=[stopped.uid])
+    await s.preparer.prepare(ClaimRef("team", uid, "c"))
+    caplog.set_level("INFO", logger="plugin.dra.pod_network")
+    await s.network.synchronize([stopped])
+    await s.network.synchronize([stopped])  # the runtime reconnects: not said again
+    said = [r.getMessage() for r in caplog.records if r.name == "plugin.dra.pod_network"]
+    assert said.count("pod is stopped (its network namespace is gone): its NICs stay in the node") == 1, said
+    assert not [m for m in said if "failed" in m], said
+    assert link(None, a.name)["address"] == a.mac
