@@ -28,7 +28,16 @@ A claim written with constraints (the chart's `two-gpu-nic-pairs`, `matchAttribu
 switch) always gets pairs or stays pending: that is the way to be sure; this is what the mapping
 gives when workloads are not changed.
 
-Usage: python benchmarks/dra_extended_pairing_bench.py [--pods N] [--seed N]
+Second table (issue 35): the GPUs themselves. A pod asking `nvidia.com/gpu: g` (g = 1..4, churn
+as above, GPUs only) gets the first g free GPUs in slice order; reported is the share of pods whose
+set is our allocator's own answer for the same free GPUs (the numa-first policy the device plugin
+serves: fewest NUMA nodes, then NVLink/PCIe score, then what stays free). A set that differs but
+scores the same (span, score, left score) would count too; on these nodes none did. Orders: GPUs by index (before),
+and as published now (`plugin.dra.device_order.locality_order`). Nodes: every built-in, the real
+`nvidia-smi topo -m` captures given with --captures, and the issue's workstation node
+(tests/support/nodes/workstation-gpu0-numa1.yaml: GPU0 alone on NUMA node 1).
+
+Usage: python benchmarks/dra_extended_pairing_bench.py [--pods N] [--seed N] [--captures DIR]
 """
 
 from __future__ import annotations
@@ -45,12 +54,16 @@ for p in (HERE, HERE.parent):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from allocator.topology import DeviceKind, NodeTopology
+from allocator.policies import get_policy
+from allocator.request import AllocationRequest
+from allocator.scoring import evaluate
+from allocator.topology import DeviceGraph, DeviceKind, NodeTopology
 from allocator_bench import table
 from pairing_bench import close_pairs, is_close
 from plugin.dra.slices import SliceOptions, build_resource_slices, device_name
-from plugin.sources.simulated import load_simulated
+from plugin.sources.simulated import builtin_names, load_simulated
 
+WORKSTATION = HERE.parent / "tests" / "support" / "nodes" / "workstation-gpu0-numa1.yaml"
 NODES = ("dgx-h100", "dgx-a100", "hgx-b200", "gb200-cx7", "gb300-cx8-dd", "pcie-2socket-4gpu-2nic")
 
 
@@ -130,12 +143,76 @@ def churn(seq: random.Random, running: list[str], release: Callable[[str], None]
         release(running.pop(seq.randrange(len(running))))
 
 
+def gpu_sets(topology: NodeTopology, order: list[str], pods: int, seed: int) -> tuple[int, int]:
+    """(pods, whose first-fit set is the allocator's answer or as good) over a churned sequence."""
+    graph = DeviceGraph.from_topology(topology, [topology.device(n) for n in order])
+    policy = get_policy("numa-first")
+    seq = random.Random(seed)
+    alloc = FirstFit(order)
+    running: dict[str, list[str]] = {}
+    good = 0
+    cap = min(4, len(order))
+
+    def release(uid: str) -> None:
+        alloc.give(running.pop(uid))
+
+    for i in range(pods):
+        g = seq.randint(1, cap)
+        churn(seq, list(running), release, lambda: len(alloc.free) >= g)
+        free = [n for n in order if n in alloc.free]
+        best = policy.allocate(graph, AllocationRequest.of(free, [], g))
+        got = alloc.take(g)
+        running[f"pod{i}"] = got
+        if set(got) == set(best.ids):
+            good += 1
+        else:  # another set of the same quality counts too
+            mine, theirs = evaluate(graph, free, got), evaluate(graph, free, best.ids)
+            good += (mine.span, mine.score, mine.left_score) == (theirs.span, theirs.score, theirs.left_score)
+    return pods, good
+
+
+def gpu_nodes(captures: pathlib.Path | None) -> list[tuple[str, str]]:
+    """(label, source) of every node the GPU table covers."""
+    nodes = [(n, n) for n in builtin_names()]
+    if captures is not None and captures.is_dir():
+        nodes += [(f"capture {p.name.split('-')[0]}: {p.stem.split('-', 1)[1][:34]}", str(p))
+                  for p in sorted(captures.glob("*.txt"))]
+    return nodes + [("workstation-gpu0-numa1 (issue 35)", str(WORKSTATION))]
+
+
+def gpu_table(pods: int, seed: int, captures: pathlib.Path | None) -> None:
+    print(f"\n## {pods} pods asking nvidia.com/gpu: 1..4 with churn, GPUs only; share of pods whose first-fit set"
+          "\n## is the allocator's answer for the same free GPUs (the device plugin's answer)")
+    rows = []
+    for label, source in gpu_nodes(captures):
+        topology = load_simulated(source)
+        gpus, _ = split(topology, published_order(topology))
+        if len(gpus) < 2:
+            continue
+        by_index = sorted(gpus, key=lambda n: (topology.device(n).index, n))
+        row: list[object] = [label, len(gpus), "yes" if by_index == gpus else "no"]
+        for order in (by_index, gpus):
+            n, good = gpu_sets(topology, order, pods, seed)
+            row.append(f"{100 * good / n:.1f} %")
+        rows.append(row)
+    print(table(["node", "GPUs", "published = index order", "GPUs by index (before)", "published (now)"], rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pods", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--captures", type=pathlib.Path, default=HERE.parent.parent / "shared" / "topologies",
+                    help="a directory of nvidia-smi topo -m captures (*.txt) for the GPU table")
+    ap.add_argument("--gpus-only", action="store_true", help="only the GPU table")
     args = ap.parse_args()
-    print(f"## {args.pods} pods with churn per node and order; share of GPUs (of pods that asked for NICs)"
+    if not args.gpus_only:
+        pairing_table(args.pods, args.seed)
+    gpu_table(args.pods, args.seed, args.captures)
+
+
+def pairing_table(pods: int, seed: int) -> None:
+    print(f"## {pods} pods with churn per node and order; share of GPUs (of pods that asked for NICs)"
           "\n## with a close NIC of their own; first-fit per request in slice order (the scheduler's allocator)")
     rows = []
     for node in NODES:
@@ -147,7 +224,7 @@ def main() -> None:
         row: list[object] = [node, f"{len(gpus)}+{len(nics)}", "yes" if by_index == nics else "no"]
         for share in (0.0, 1 / 3):
             for order in orders.values():
-                placed, close = run(topology, gpus, order, args.pods, args.seed, share)
+                placed, close = run(topology, gpus, order, pods, seed, share)
                 row.append(f"{100 * close / placed:.1f} %")
         rows.append(row)
     heads = [f"{w}: {o}" for w in ("g+g", "mixed") for o in ("NICs by index", "NICs reversed", "published")]

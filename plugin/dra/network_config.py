@@ -127,7 +127,7 @@ class PlanLimits:
 class _Entry:
     where: str                 # "spec.devices.config[2]" or "config[0] of the DeviceClass"
     requests: tuple[str, ...]  # empty: every request
-    params: Mapping[str, Any]
+    params: Any                # as the claim gives it: `_check_entry` refuses anything but a mapping
 
 
 def _err(claim: str, where: str, problem: str, fix: str) -> NicConfigError:
@@ -290,6 +290,7 @@ def nic_plan(claim_ref: str, claim: Mapping[str, Any], driver: str,
             chosen[r] = e
     plan: dict[str, NicNetwork] = {}
     by_pod_name: dict[str, str] = {}
+    by_ip: dict[str, str] = {}
     for name, (dev, requests) in nics.items():
         entry = next((chosen[r] for r in requests if r in chosen), None)
         p: Mapping[str, Any] = entry.params if entry else {}
@@ -331,9 +332,46 @@ def nic_plan(claim_ref: str, claim: Mapping[str, Any], driver: str,
                        f"interface name {pod_name} is given to devices {by_pod_name[pod_name]} and {name}",
                        "give each NIC its own interfaceName")
         by_pod_name[pod_name] = name
+        addresses = tuple(p.get("addresses") or ())
+        _gateways_reached(claim_ref, where, name, addresses, p.get("routes") or ())
+        for a in addresses:
+            ip = str(ipaddress.ip_interface(a).ip)
+            if ip in by_ip:
+                raise _err(claim_ref, f"{where}.addresses", f"address {ip} is given to devices {by_ip[ip]} and {name}",
+                           "give each interface addresses of its own")
+            by_ip[ip] = name
         rdma = (dev.attributes.get("rdma_devices") or "").split(",")[0] or None
         plan[name] = NicNetwork(
-            host_name=netdev, pod_name=pod_name, addresses=tuple(p.get("addresses") or ()),
+            host_name=netdev, pod_name=pod_name, addresses=addresses,
             routes=tuple(Route(r["destination"], r.get("gateway")) for r in p.get("routes") or ()),
             mtu=mtu, rdma_device=rdma)
     return plan
+
+
+def _gateways_reached(claim: str, where: str, device: str, addresses: Sequence[str],
+                      routes: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a route whose gateway lies outside the networks of the interface's own addresses.
+
+    The kernel takes a route through a gateway only when that gateway is reachable on the interface
+    (`RTNETLINK answers: Network is unreachable` otherwise); the routes are added when the pod's sandbox
+    starts, so such a route would fail the sandbox after it exists (and containerd before 2.2.6 leaks its
+    pause container then, docs/networking.md). An IPv6 link-local gateway (fe80::/10) is reached through
+    the interface's own link-local address, which the kernel gives it when it comes up.
+    """
+    nets = [ipaddress.ip_interface(a).network for a in addresses]
+    for j, r in enumerate(routes):
+        gw = r.get("gateway")
+        if gw is None:
+            continue
+        gateway = ipaddress.ip_address(gw)
+        if gateway.version == 6 and gateway.is_link_local:
+            continue
+        if any(gateway.version == n.version and gateway in n for n in nets):
+            continue
+        own = [str(n) for n in nets if n.version == gateway.version]
+        raise _err(claim, f"{where}.routes[{j}].gateway",
+                   f"gateway {gateway} of the route to {r.get('destination')} is not in the network of any address "
+                   f"of device {device}'s interface ({', '.join(own) or f'it has no IPv{gateway.version} address'}), "
+                   "so the kernel would refuse the route when the pod starts",
+                   "give the interface an address in the gateway's network, or name a gateway inside "
+                   f"{' or '.join(own) if own else 'the network of one of its addresses'}")

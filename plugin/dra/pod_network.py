@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -96,6 +97,8 @@ class PodNetwork:
         self.nri_socket = nri_socket
         #: The prepared claims with NICs, and the checkpoint file's bytes they were read from (see `_nic_claims`).
         self._cache: tuple[bytes | None, list[PreparedClaim]] = (None, [])
+        #: Pods already logged as stopped by `synchronize` (said once, not at every reconnection).
+        self._told_stopped: set[str] = set()
 
     # -- prepare side (ClaimNetwork) --------------------------------------------------------------
     async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
@@ -187,6 +190,7 @@ class PodNetwork:
         await self._detach(pod)
 
     async def remove_pod_sandbox(self, pod: Sandbox) -> None:
+        self._told_stopped.discard(pod.uid)
         await self._detach(pod)
 
     async def _detach(self, pod: Sandbox) -> None:
@@ -199,12 +203,24 @@ class PodNetwork:
             self.status.set(c.namespace, c.name, [])
 
     async def synchronize(self, pods: Sequence[Sandbox]) -> None:
-        live = {p.uid: p.netns for p in pods if p.netns}
+        # NRI lists every sandbox containerd knows, stopped ones too: a pod stopped while we were away (a
+        # restart during its teardown) still names its network namespace, which is gone by then. It is not
+        # running: nothing to attach, and what it had is back in the node (the kernel returns a physical NIC
+        # from a namespace that goes), so reconcile treats it as gone.
+        stopped = {p.uid for p in pods if p.netns and not os.path.exists(p.netns)}
+        live = {p.uid: p.netns for p in pods if p.netns and p.uid not in stopped}
         await self.attacher.reconcile(live)
         claims = await self._nic_claims()
         for p in pods:
             mine = [c for c in claims if p.uid in c.pods]
             if not mine or not p.netns:
+                continue
+            if p.uid in stopped:
+                if p.uid not in self._told_stopped:  # each synchronize lists it again until it is removed
+                    self._told_stopped.add(p.uid)
+                    log.info("pod is stopped (its network namespace is gone): its NICs stay in the node",
+                             extra={"pod": f"{p.namespace}/{p.name}", "netns": p.netns,
+                                    "claims": [c.name for c in mine]})
                 continue
             try:
                 if not self.attacher.attached(p.uid):

@@ -41,7 +41,10 @@ NICs (issue 21): the claim's NicConfig is checked here, through `ClaimNetwork`
 (`plugin.dra.pod_network`), before anything is written: a bad one fails the
 claim with the field and the fix, and the reason also goes on the claim. What
 each NIC becomes in the pod, and the pods the claim is reserved for, are
-recorded with the claim; the NICs move when the pod's sandbox starts. Unprepare
+recorded with the claim; the NICs move when the pod's sandbox starts. What only
+shows against the other prepared claims (an address another claim holds, an
+interface name two claims of one pod ask for, `plugin.dra.network_conflicts`)
+is checked under the checkpoint lock as the claim is recorded. Unprepare
 first has the claim's NICs given back to the node (a failure keeps the claim
 recorded, so the kubelet's retry finds it).
 """
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -65,6 +69,7 @@ from .gpu_config import Interval
 from .kubeapi import KubeApiUnreachable
 from .mig_prepare import MigPreparer
 from .network_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
+from .network_conflicts import check_conflicts
 from .sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
     device_settings, state_path
 from .slices import SliceOptions, device_table
@@ -100,6 +105,15 @@ class ClaimRef:
 
 class PrepareError(Exception):
     """A claim cannot be prepared; the message goes to the kubelet (and the pod's events)."""
+
+
+class NicConflict(PrepareError):
+    """The claim's NICs clash with another prepared claim's (`plugin.dra.network_conflicts`): found under the
+    checkpoint lock, reported on the claim once the lock is released."""
+
+    def __init__(self, error: NicConfigError):
+        super().__init__(str(error))
+        self.error = error
 
 
 class ClaimNetwork(Protocol):
@@ -263,7 +277,14 @@ class ClaimPreparer:
                 else:
                     ready.append((ref, got))
             if ready:
-                out.update(await self.checkpoint.update(lambda claims, ready=ready: self._record(claims, ready)))
+                done = await self.checkpoint.update(functools.partial(self._record, ready=ready))
+                out.update(done)
+                for ref, (allocated, *_) in ready:
+                    refusal = done.get(ref.uid)
+                    if isinstance(refusal, NicConflict):
+                        log.warning("claim refused: its NICs clash with a prepared claim's",
+                                    extra={"uid": ref.uid, "reason": str(refusal)})
+                        await self.network.refused(ref, allocated, refusal.error)
         return out
 
     def _record(self, claims: dict[str, PreparedClaim],
@@ -277,6 +298,11 @@ class ClaimPreparer:
                 continue
             if self._stopping.is_set():
                 done[ref.uid] = _stopping()
+                continue
+            try:  # against every claim prepared here, this batch's earlier ones included
+                check_conflicts(f"{ref.namespace}/{ref.name}", ref.uid, pods, networks, claims)
+            except NicConfigError as e:
+                done[ref.uid] = NicConflict(e)
                 continue
             devices = {name: dev for name, dev, _ in allocated}
             if wants:  # one time-slice setting per GPU: checked against every prepared claim, then applied
@@ -343,7 +369,7 @@ class ClaimPreparer:
             return Planned(allocated, shares, wants, networks, _reserved_pods(claim))
         except PrepareError as e:
             return e
-        except Exception as e:  # noqa: BLE001 (one claim's surprise must not fail the others)
+        except Exception as e:
             log.exception("prepare failed unexpectedly", extra={"uid": ref.uid})
             return e
 
@@ -416,7 +442,7 @@ class ClaimPreparer:
                 out.update(await self._release_nics(todo))
                 todo = [r for r in todo if out.get(r.uid) is None]
             for batch in _batches(todo, self.limits.batch):
-                out.update(await self.checkpoint.update(lambda claims, batch=batch: self._drop(claims, batch)))
+                out.update(await self.checkpoint.update(functools.partial(self._drop, batch=batch)))
             return out
         finally:
             self.calls -= 1
@@ -430,7 +456,7 @@ class ClaimPreparer:
             return {}
         try:
             done = await self.network.release(with_nics)
-        except Exception as e:  # noqa: BLE001 (a request must never take the driver down)
+        except Exception as e:
             log.exception("giving NICs back failed unexpectedly", extra={"claims": len(with_nics)})
             done = {c.uid: e for c in with_nics}
         return {uid: e for uid, e in done.items() if e is not None}

@@ -46,6 +46,7 @@ from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
 
 from ..health.policy import taint_value
 from ..model.identity import device_uuid
+from .device_order import locality_order
 from .mig_devices import MAX_COUNTER_SETS_PER_SLICE, DraMig, counter_sets, expand_gpu, table_entries
 from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
 
@@ -221,7 +222,7 @@ def complex_value(complex_id: str) -> str:
 
 
 def pair_aligned_order(devices: list[Device], topology: NodeTopology) -> list[Device]:
-    """GPUs in index order, then NICs in the order of the first GPU each is close to.
+    """GPUs by locality (`device_order.locality_order`), then NICs in the order of the first GPU each is close to.
 
     Why: a claim without constraints between its requests (the one kube-scheduler makes for a pod
     asking `nvidia.com/gpu: 2` and `topo.dev/nic: 2` through the extended-resource mapping) is
@@ -230,7 +231,7 @@ def pair_aligned_order(devices: list[Device], topology: NodeTopology) -> list[De
     together (docs/dra.md, benchmarks/dra_extended_pairing_bench.py). Close: one GPU–NIC complex,
     or a PIX/PXB PCIe path. NICs close to no GPU go last; ties keep index order.
     """
-    gpus = sorted((d for d in devices if d.kind == DeviceKind.GPU), key=lambda d: (d.index, d.name))
+    gpus = locality_order([d for d in devices if d.kind == DeviceKind.GPU], topology)
     others = sorted((d for d in devices if d.kind != DeviceKind.GPU), key=lambda d: (d.index, d.name))
 
     def close(gpu: Device, nic: Device) -> bool:

@@ -115,6 +115,19 @@ BAD = [
     ("route gateway of the other family", _with(lambda p: p.update(routes=[{"destination": "0.0.0.0/0",
                                                                             "gateway": "2001:db8::1"}])), PAIR,
      f"{P}.routes[0].gateway", "family"),
+    ("route gateway outside every address's network",
+     _with(lambda p: p.update(routes=[{"destination": "198.51.100.0/24", "gateway": "203.0.113.1"}])), PAIR,
+     f"{P}.routes[0].gateway", "inside 192.0.2.0/24"),
+    ("route gateway on an interface without an address of its family",
+     _with(lambda p: p.update(routes=[{"destination": "2001:db8:1::/48", "gateway": "2001:db8::1"}])), PAIR,
+     f"{P}.routes[0].gateway", "address in the gateway's network"),
+    ("route gateway on an interface without addresses",
+     claim(nic_config(["nic"], routes=[{"destination": "0.0.0.0/0", "gateway": "192.0.2.1"}])), PAIR,
+     f"{P}.routes[0].gateway", "address in the gateway's network"),
+    ("one address on two NICs of the claim",
+     claim(nic_config(["a"], addresses=["192.0.2.10/24"]), nic_config(["b"], addresses=["192.0.2.10/25"])),
+     allocated(a=["nic-nic0"], b=["nic-nic1"]), "spec.devices.config[1].opaque.parameters.addresses",
+     "addresses of its own"),
     ("unknown route field", _with(lambda p: p.update(routes=[{"destination": "0.0.0.0/0", "metric": 5}])), PAIR,
      f"{P}.routes[0].metric", "destination and gateway"),
     ("mtu above the device's maximum", _with(lambda p: p.update(mtu=9500)), PAIR,
@@ -163,6 +176,15 @@ def test_bad_configuration_is_refused_naming_the_field_and_the_fix(what, c, allo
     assert field in msg, msg
     fix_part = msg.split("(fix: ", 1)[1]
     assert fix in fix_part, msg
+
+
+def test_a_gateway_is_reached_through_an_address_of_its_network_or_ipv6_link_local():
+    c = claim(nic_config(["nic"], addresses=["192.0.2.10/24", "2001:db8::10/64"],
+                         routes=[{"destination": "198.51.100.0/24", "gateway": "192.0.2.254"},
+                                 {"destination": "2001:db8:1::/48", "gateway": "2001:db8::1"},
+                                 {"destination": "2001:db8:2::/48", "gateway": "fe80::1"},
+                                 {"destination": "203.0.113.0/24"}]))
+    assert [r.gateway for r in plan(c, PAIR)["nic-nic0"].routes] == ["192.0.2.254", "2001:db8::1", "fe80::1", None]
 
 
 def test_a_netdev_missing_from_the_node_is_refused_before_anything_moves():

@@ -263,3 +263,82 @@ async def test_a_claim_prepared_by_the_other_instance_is_attached_at_the_next_sa
     assert link(pod.netns, a.name)["address"] == a.mac
     await ours.network.stop_pod_sandbox(pod)
     assert link(None, a.name)["address"] == a.mac
+
+
+async def test_two_claims_of_one_pod_asking_one_interface_name_the_second_is_refused_before_the_sandbox(
+        net, side, apiserver):
+    """The kubelet prepares a pod's claims of one driver in one call; the clash is found there, not when the
+    sandbox starts (where a failure came after the sandbox existed, issue 35)."""
+    a, b = net.veth(), net.veth()
+    s = side(node_with_netdevs(a.name, b.name))
+    pod = Sandbox(str(uuid.uuid4()), "team", "two", net.netns())
+    first = apiserver.add_claim("team", "first", results(("nic-nic0", "nic")),
+                                config=[nic_config(["nic"], interfaceName="net1")], pods=[pod.uid])
+    second = apiserver.add_claim("team", "second", results(("nic-nic1", "nic")),
+                                 config=[nic_config(["nic"], interfaceName="net1")], pods=[pod.uid])
+    out = await s.preparer.prepare_many([ClaimRef("team", first, "first"), ClaimRef("team", second, "second")])
+    assert out[first].pods == (pod.uid,)
+    error = str(out[second])
+    assert error.startswith("ResourceClaim team/second: device nic-nic1: interface name net1 is already given to "
+                            "device nic-nic0 of ResourceClaim team/first, prepared for the same pod"), error
+    assert "fix: set interfaceName" in error
+    assert set(await s.checkpoint.read()) == {first}
+    await s.status.flush()
+    [entry] = apiserver.claim_devices("team", "second")
+    assert (entry["conditions"][0]["reason"], entry["conditions"][0]["status"]) == ("InvalidNicConfig", "False")
+    # Another pod may use the same name: each pod has its own namespace.
+    other = apiserver.add_claim("team", "other", results(("nic-nic1", "nic")),
+                                config=[nic_config(["nic"], interfaceName="net1")], pods=[str(uuid.uuid4())])
+    assert (await s.preparer.prepare(ClaimRef("team", other, "other"))).networks[0][1].pod_name == "net1"
+
+
+async def test_an_address_another_prepared_claim_holds_is_refused_naming_it_until_that_claim_goes(net, side, apiserver):
+    a, b = net.veth(), net.veth()
+    s = side(node_with_netdevs(a.name, b.name))
+    holder = apiserver.add_claim("team", "holder", results(("nic-nic0", "nic")),
+                                 config=[nic_config(["nic"], interfaceName="net1", addresses=["192.168.80.41/24"])],
+                                 pods=[str(uuid.uuid4())])
+    await s.preparer.prepare(ClaimRef("team", holder, "holder"))
+    late = apiserver.add_claim("team", "late", results(("nic-nic1", "nic")),
+                               config=[nic_config(["nic"], interfaceName="net1",
+                                                  addresses=["192.168.80.7/24", "192.168.80.41/24"])],
+                               pods=[str(uuid.uuid4())])
+    with pytest.raises(Exception) as e:
+        await s.preparer.prepare(ClaimRef("team", late, "late"))
+    assert str(e.value).startswith("ResourceClaim team/late: device nic-nic1: address 192.168.80.41/24 is already "
+                                   "held by device nic-nic0 of ResourceClaim team/holder"), str(e.value)
+    assert link(None, b.name) is not None  # nothing moved
+    await s.preparer.unprepare(ClaimRef("team", holder, "holder"))
+    prepared = await s.preparer.prepare(ClaimRef("team", late, "late"))  # the kubelet's retry, once it is free
+    assert prepared.networks[0][1].addresses == ("192.168.80.7/24", "192.168.80.41/24")
+
+
+async def test_a_claim_with_nics_reserved_for_two_pods_is_refused(net, side, apiserver):
+    a = net.veth()
+    s = side(node_with_netdevs(a.name))
+    shared = apiserver.add_claim("team", "shared", results(("gpu-0", "gpus"), ("nic-nic0", "nic")),
+                                 pods=["pod-a", "pod-b"])
+    with pytest.raises(Exception, match=r"reserved for 2 pods \(pod-a, pod-b\); a network interface can be in one "
+                                        r"pod only \(fix: give each pod its own claim"):
+        await s.preparer.prepare(ClaimRef("team", shared, "shared"))
+    gpus = apiserver.add_claim("team", "gpus", results(("gpu-0", "gpus")), pods=["pod-a", "pod-b"])
+    assert (await s.preparer.prepare(ClaimRef("team", gpus, "gpus"))).pods == ("pod-a", "pod-b")  # GPUs only: fine
+
+
+async def test_a_pod_stopped_while_the_driver_was_away_is_said_so_once_and_nothing_is_attached(
+        net, side, apiserver, caplog):
+    """After a driver restart during a teardown, NRI's synchronize still lists the stopped sandbox with
+    the path of its network namespace, which is gone: the pod is not attached to (that used to log
+    `attaching a running pod's NICs failed ... No such file or directory` at every reconnection)."""
+    a = net.veth()
+    s = side(node_with_netdevs(a.name))
+    stopped = Sandbox(str(uuid.uuid4()), "team", "stopped", f"/var/run/netns/gone-{uuid.uuid4().hex[:8]}")
+    uid = apiserver.add_claim("team", "c", results(("nic-nic0", "nic")), pods=[stopped.uid])
+    await s.preparer.prepare(ClaimRef("team", uid, "c"))
+    caplog.set_level("INFO", logger="plugin.dra.pod_network")
+    await s.network.synchronize([stopped])
+    await s.network.synchronize([stopped])  # the runtime reconnects: not said again
+    said = [r.getMessage() for r in caplog.records if r.name == "plugin.dra.pod_network"]
+    assert said.count("pod is stopped (its network namespace is gone): its NICs stay in the node") == 1, said
+    assert not [m for m in said if "failed" in m], said
+    assert link(None, a.name)["address"] == a.mac

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import re
 from itertools import combinations
 
@@ -262,7 +264,7 @@ def test_gb300_nics_follow_their_gpus_in_slice_order_though_their_numbers_do_not
 
 
 @pytest.mark.parametrize("node", builtin_names())
-def test_slice_order_lists_gpus_by_index_then_nics_by_their_first_close_gpu(node):
+def test_slice_order_lists_gpus_by_numa_node_then_nics_by_their_first_close_gpu(node):
     topology = load_simulated(node)
     by_slice = {d["name"]: d for d in devices_of(topology).values()}
     table = device_table(topology, OPTS)
@@ -270,7 +272,12 @@ def test_slice_order_lists_gpus_by_index_then_nics_by_their_first_close_gpu(node
     assert set(by_slice) == {n for n in table}
     gpus = [d for d in order if d.kind == DeviceKind.GPU]
     nics = [d for d in order if d.kind == DeviceKind.NIC]
-    assert order[:len(gpus)] == gpus and [d.index for d in gpus] == sorted(d.index for d in gpus)
+    assert order[:len(gpus)] == gpus
+    # One run per NUMA node, the nodes with the most GPUs first.
+    runs = [n for i, n in enumerate(d.numa for d in gpus) if i == 0 or gpus[i - 1].numa != n]
+    assert len(runs) == len(set(runs)), (node, runs)
+    sizes = [sum(d.numa == n for d in gpus) for n in runs]
+    assert sizes == sorted(sizes, reverse=True), (node, runs, sizes)
     ranks = [next((i for i, g in enumerate(gpus) if _close(topology, g.name, n.name)), len(gpus)) for n in nics]
     assert ranks == sorted(ranks), (node, [n.name for n in nics], ranks)
 
@@ -306,3 +313,40 @@ def test_gpus_of_two_fabric_cliques_are_two_nvlink_domains(tmp_path):
     domain = {i: attr(devs[f"GPU{i}"], "nvlinkDomain") for i in range(4)}
     assert domain[0] == domain[1] and domain[2] == domain[3] and domain[0] != domain[2]
     assert None not in domain.values()
+
+
+WORKSTATION = pathlib.Path(__file__).resolve().parents[1] / "support" / "nodes" / "workstation-gpu0-numa1.yaml"
+
+
+def _first_fit(topology: NodeTopology, size: int) -> list[str]:
+    """What the scheduler gives an unconstrained request of `size` GPUs on an empty node: the first in slice order."""
+    gpus = [d["name"] for s in build_resource_slices(topology, OPTS) for d in s["spec"]["devices"]
+            if d["name"].startswith("gpu-")]
+    return gpus[:size]
+
+
+def _allocator(topology: NodeTopology, size: int) -> list[str]:
+    """The device plugin's answer on the same empty node (our allocator, numa-first), as slice names."""
+    from allocator.policies import get_policy
+    from allocator.request import AllocationRequest
+    from allocator.topology import DeviceGraph
+
+    graph = DeviceGraph.from_topology(topology, topology.gpus)
+    got = get_policy("numa-first").allocate(graph, AllocationRequest.of(graph.ids, [], size)).ids
+    return sorted(f"gpu-{topology.device(n).index}" for n in got)
+
+
+def test_where_gpu_numbers_do_not_follow_the_sockets_first_fit_keeps_a_pod_on_one_numa_node():
+    """Issue 35: GPU0 alone on NUMA node 1, GPU1-4 on NUMA node 0. Listed by index, first-fit gave a 2-GPU pod
+    GPU0+GPU1 (two NUMA nodes) and a 4-GPU pod GPU0-3; now it gets what the device plugin gives."""
+    topology = load_simulated(str(WORKSTATION))
+    assert _first_fit(topology, 2) == ["gpu-1", "gpu-2"] == _allocator(topology, 2)
+    assert _first_fit(topology, 4) == ["gpu-1", "gpu-2", "gpu-3", "gpu-4"] == _allocator(topology, 4)
+
+
+def test_gpus_closest_to_each_other_are_listed_together():
+    """DGX-1 (hybrid cube mesh): the first two GPUs are joined by two NVLinks, as the allocator's best pair is."""
+    topology = load_simulated("dgx-1-v100")
+    a, b = _first_fit(topology, 2)
+    assert topology.link(f"GPU{a[4:]}", f"GPU{b[4:]}").nvlinks == 2
+    assert topology.link("GPU0", "GPU1").nvlinks == 1  # by index the first two had one

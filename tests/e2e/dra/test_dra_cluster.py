@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 from cluster import NODE, Cluster
 from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
@@ -569,6 +570,68 @@ def test_extended_resource_pod_runs_on_a_dra_node_and_sees_exactly_its_two_gpus(
         wait_for("the scheduler's claim deleted",
                  lambda: not c.get("resourceclaims", "-n", NAMESPACE)["items"], 120)
     assert claim_specs(c) == []
+
+
+#: Issue 35's node: GPU0 alone on NUMA node 1, GPU1-4 on NUMA node 0 (tests/support/nodes).
+WORKSTATION = pathlib.Path(__file__).resolve().parents[2] / "support" / "nodes" / "workstation-gpu0-numa1.yaml"
+
+
+def allocator_answer(topology, size: int) -> list[str]:
+    """What our allocator (the device plugin's numa-first policy) picks from `topology`'s free GPUs, as slice names."""
+    from allocator.policies import get_policy
+    from allocator.request import AllocationRequest
+    from allocator.topology import DeviceGraph
+
+    graph = DeviceGraph.from_topology(topology, topology.gpus)
+    ids = get_policy("numa-first").allocate(graph, AllocationRequest.of(graph.ids, [], size)).ids
+    return sorted(device_name(topology.device(i)) for i in ids)
+
+
+def slice_gpus(c: Cluster) -> list[str]:
+    """Our GPUs' names in slice order (the order the scheduler's first-fit goes through)."""
+    return [d["name"] for s in our_slices(c) for d in s["spec"]["devices"] if d["name"].startswith("gpu-")]
+
+
+def test_unchanged_pods_on_a_node_whose_gpu_numbers_do_not_follow_its_sockets_stay_on_one_numa_node(installed):
+    """The scheduler fills `nvidia.com/gpu: g` first-fit in our slice order. Listed by index, this node gave a
+    2-GPU pod GPU0+GPU1 (two NUMA nodes) and a 4-GPU pod GPU0-3; the locality order gives what the device
+    plugin gives: GPU1+GPU2 and GPU1-4, one NUMA node each."""
+    c = installed["c"]
+    data = yaml.safe_load(WORKSTATION.read_text())
+    for i, gpu in enumerate(data["gpus"]):
+        gpu["minor"] = i  # the node's /dev/nvidia<i> (Node.make made 0-7)
+    node_file = installed["node"].node_file.parent / "workstation.yaml"
+    node_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    topology = load_simulated(str(node_file))
+    mapped = {**values(installed), "simulate": str(node_file),
+              "dra": {**values(installed)["dra"], "extendedResources": ["nvidia.com/gpu"]}}
+    old = installed["daemon"]["metadata"]["uid"]
+    with stage("helm upgrade: the workstation node (GPU0 alone on NUMA 1)"):
+        helm_upgrade(c, mapped)
+        installed["daemon"] = wait_daemon_ready(c, not_uid=old)
+        listed = wait_for("our slices list the workstation's 5 GPUs", lambda: len(slice_gpus(c)) == 5 and slice_gpus(c),
+                          180)
+    assert listed[:2] == ["gpu-1", "gpu-2"], listed
+    try:
+        for size in (2, 4):
+            name = f"unchanged-ws-{size}"
+            with stage(f"unchanged nvidia.com/gpu: {size} pod Running on the workstation node"):
+                c.apply(unchanged_pod(name, installed["image"], size))
+                pod = wait_running(c, name)
+            claim = c.get("resourceclaim", pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"],
+                          "-n", NAMESPACE)
+            got = devices(claim)
+            assert got == allocator_answer(topology, size), (size, got)
+            assert got == [f"gpu-{i}" for i in range(1, size + 1)], (size, got)
+            assert {topology.device(f"GPU{d.split('-')[1]}").numa for d in got} == {0}
+            delete_pod(c, name)
+            wait_for("the scheduler's claim deleted", lambda: not c.get("resourceclaims", "-n", NAMESPACE)["items"], 120)
+    finally:
+        old = installed["daemon"]["metadata"]["uid"]
+        with stage("helm upgrade: back to the DGX H100 node"):
+            helm_upgrade(c, {**values(installed), "dra": mapped["dra"]})
+            installed["daemon"] = wait_daemon_ready(c, not_uid=old)
+            wait_for("our slices list the DGX H100's 8 GPUs", lambda: len(slice_gpus(c)) == 8, 180)
 
 
 def test_extended_resource_mapping_of_a_device_plugin_name_is_refused_at_install(installed):

@@ -11,12 +11,16 @@ addresses, MTU and routes; the claim's status says the same (networkData); two s
 ping each other over them, through the NICs' own ports; deleting a pod gives the NICs back to
 the node with their names, MTU and MAC; a driver restart while a pod runs, and while one is
 being deleted, loses nothing and moves nothing twice; a bad configuration fails prepare with
-the reason on the pod and the claim, and moves nothing. The tests run in file order, each
+the reason on the pod and the claim, and moves nothing, and so do two claims of one pod asking
+one interface name and an address a running pod holds (issue 35); an attach that only the
+sandbox start can fail leaves no pause process behind (containerd 2.2.6+); a pod stopped while
+the driver was away is said so once, not attached to. The tests run in file order, each
 one stage of the story; the last one checks that the node is as it was before the first pod.
 """
 
 from __future__ import annotations
 
+import pathlib
 import re
 import sys
 import time
@@ -29,7 +33,8 @@ from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_clu
 from fabric import RAILS, Fabric, LinkState
 from kubelet_e2e import BUSYBOX
 from sandbox import NODE_IP, wait_for
-from workloads import NAMESPACE, StageTimes, Node, chart_values, diagnose, helm_upgrade, wait_daemon_ready
+from workloads import NAMESPACE, StageTimes, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
+    wait_daemon_ready
 
 from plugin.dra.slices import device_name
 from plugin.sources.simulated import load_simulated
@@ -313,12 +318,15 @@ BAD = {
     # veth's maximum MTU is 65535 (the kernel's ETH_MAX_MTU), which the driver reads from the link.
     "bad-mtu": ({"nic-a": {**rail(0, 9), "mtu": 70000}}, ("70000", "65535", "mtu")),
     "bad-eth0": ({"nic-a": {**rail(0, 9), "interfaceName": "eth0"}}, ("eth0", "interfaceName")),
+    # Refused at prepare since issue 35 (it used to fail the sandbox start, after the sandbox existed).
+    "bad-gateway": ({"nic-a": {**rail(0, 9), "routes": [{"destination": "10.50.0.0/16", "gateway": "192.168.99.254"}]}},
+                    ("192.168.99.254", "routes[0].gateway", "not in the network of any address")),
 }
 
 
 @pytest.fixture
 def bad_pods(installed):
-    """The pods of BAD, deleted afterwards whatever the test found (their claims hold 5 of the 8 NICs)."""
+    """The pods of BAD, deleted afterwards whatever the test found (their claims hold 6 of the 8 NICs)."""
     c = installed["c"]
     for name, (configs, _) in BAD.items():
         c.apply(template(name, configs, gpus=False))
@@ -332,7 +340,7 @@ def bad_pods(installed):
 
 
 def test_bad_nic_configs_fail_prepare_with_the_reason_and_move_nothing(installed, bad_pods):
-    """Four broken configurations at once (5 NICs of 8, no GPUs): each pod stays Pending with the
+    """Five broken configurations at once (6 NICs of 8, no GPUs): each pod stays Pending with the
     reason in its events and on its claim; no NIC leaves the node."""
     c, fabric = installed["c"], installed["fabric"]
 
@@ -340,7 +348,7 @@ def test_bad_nic_configs_fail_prepare_with_the_reason_and_move_nothing(installed
         msgs = [e["message"] for e in events(c, name) if e["reason"] == "FailedPrepareDynamicResources"]
         return [m for m in msgs if all(n in m for n in needles)]
 
-    with stage("4 bad NicConfigs: prepare failed with the reason"):
+    with stage("5 bad NicConfigs: prepare failed with the reason"):
         for name, (_, needles) in BAD.items():
             try:
                 msgs = wait_for(f"{name}: prepare failing, naming {needles}", lambda: failed_prepare(name, needles), 180)
@@ -366,6 +374,108 @@ def test_bad_nic_configs_fail_prepare_with_the_reason_and_move_nothing(installed
             raise TimeoutError(f"{e}\nclaim status: {st}\n{daemon_log(c)}") from None
         assert not any(d.get("networkData") for d in claim.get("status", {}).get("devices") or [])
     assert fabric.nics() == fabric.initial, "a NIC moved although its claim was refused"
+
+
+def prepare_failures(c: Cluster, pod: str, *needles: str) -> list[str]:
+    """The pod's FailedPrepareDynamicResources messages that name every one of `needles`."""
+    return [e["message"] for e in events(c, pod) if e["reason"] == "FailedPrepareDynamicResources"
+            and all(n in e["message"] for n in needles)]
+
+
+def pod_with_claims(name: str, templates: list[str], selectors: dict[str, str] | None = None) -> dict[str, Any]:
+    """net_pod with one claim per template in `templates`."""
+    pod = net_pod(name, templates[0])
+    pod["spec"]["resourceClaims"] = [{"name": f"net{i}", "resourceClaimTemplateName": t} for i, t in enumerate(templates)]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": f"net{i}"} for i in range(len(templates))]
+    return pod
+
+
+def delete_and_wait(c: Cluster, *pods: str) -> None:
+    for name in pods:
+        c.kubectl("delete", "pod", "-n", NS, name, "--wait=false")
+    for name in pods:
+        wait_for(f"pod {name} gone", lambda n=name: not pod_exists(c, n), 180)
+
+
+def test_two_claims_of_one_pod_asking_one_interface_name_fail_prepare_before_any_sandbox(installed):
+    """Each claim is fine alone; together they ask the pod for two interfaces called rail0. The
+    kubelet prepares both in one call: the second is refused there, naming the first."""
+    c, fabric = installed["c"], installed["fabric"]
+    c.apply(template("net-one", {"nic-a": rail(0, 7)}, gpus=False))
+    c.apply(template("net-two", {"nic-a": {**rail(1, 7), "interfaceName": "rail0"}}, gpus=False))
+    c.apply(pod_with_claims("two-claims", ["net-one", "net-two"]))
+    try:
+        with stage("2 claims of one pod naming rail0: prepare failed with the reason"):
+            try:
+                msgs = wait_for("two-claims: prepare failing, naming the other claim",
+                                lambda: prepare_failures(c, "two-claims", "interface name rail0 is already given to",
+                                                         "prepared for the same pod"), 180)
+            except TimeoutError as e:
+                raise TimeoutError(f"{e}\n{diagnose(c, NS)}\n{daemon_log(c)}") from None
+        claims = {s["name"]: s["resourceClaimName"] for s in get_pod(c, "two-claims")["status"]["resourceClaimStatuses"]}
+        assert any(f"ResourceClaim {NS}/{claims['net0']}" in m or f"ResourceClaim {NS}/{claims['net1']}" in m
+                   for m in msgs), (msgs, claims)
+        pod = get_pod(c, "two-claims")
+        assert pod["status"]["phase"] == "Pending"
+        assert not [e for e in events(c, "two-claims") if e["reason"] == "FailedCreatePodSandBox"]
+        assert fabric.nics() == fabric.initial, "a NIC moved although a claim of the pod was refused"
+    finally:
+        delete_and_wait(c, "two-claims")
+
+
+def nic_selected(name: str, config: dict[str, Any], netdev: str) -> dict[str, Any]:
+    """A one-NIC template whose NIC is the one with `netdev`."""
+    t = template(name, {"nic-a": config}, gpus=False)
+    [req] = t["spec"]["spec"]["devices"]["requests"]
+    req["exactly"]["selectors"] = [{"cel": {"expression": f'device.attributes["{DRIVER}"].netdev == "{netdev}"'}}]
+    return t
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:  # gone meanwhile
+        return ""
+
+
+def pause_processes(c: Cluster) -> list[str]:
+    """The node's live pause processes (one per pod sandbox containerd runs)."""
+    return [pid for pid in c.sb.members() if _cmdline(pid).split()[:1] == ["/pause"]]
+
+
+def test_a_failed_attach_fails_the_sandbox_and_leaves_no_pause_process_behind(installed):
+    """A failure only the attach can meet (here the NIC's netdev turned into a bridge after the slice
+    was published: a bridge cannot leave its namespace) fails RunPodSandbox; containerd 2.2.6 and
+    later stop the sandbox's pause container then (containerd issue 13355: 2.1 left one running per
+    attempt). Deleting the pod leaves no pause process and the NIC as it was."""
+    c, fabric = installed["c"], installed["fabric"]
+    victim = fabric.netdevs[-1]
+    before = sorted(pause_processes(c))
+    fabric.sb.sh("ip", "link", "set", victim, "down")
+    fabric.sb.sh("ip", "link", "set", victim, "name", f"{victim}x")
+    fabric.sb.sh("ip", "link", "add", victim, "type", "bridge")
+    try:
+        c.apply(nic_selected("net-bridge", rail(0, 8), victim))
+        c.apply(net_pod("attach-fails", "net-bridge"))
+        with stage("attach into a bridge: RunPodSandbox failed (twice)"):
+            def sandbox_failures():
+                n = sum(e.get("count", 1) for e in events(c, "attach-fails") if e["reason"] == "FailedCreatePodSandBox"
+                        and "NRI" in e["message"])
+                return n >= 2 and n
+            try:
+                wait_for("attach-fails: RunPodSandbox failing through NRI, retried", sandbox_failures, 240)
+            except TimeoutError as e:
+                raise TimeoutError(f"{e}\n{diagnose(c, NS)}\n{c.sb.tail('containerd', 40)}\n{daemon_log(c)}") from None
+        assert get_pod(c, "attach-fails")["status"]["phase"] == "Pending"
+        with stage("attach-fails deleted"):
+            delete_and_wait(c, "attach-fails")
+        leaked = sorted(set(pause_processes(c)) - set(before))
+        assert leaked == [], f"pause processes left by the failed sandboxes: {[(p, _cmdline(p)) for p in leaked]}"
+    finally:
+        fabric.sb.sh("ip", "link", "del", victim, check=False)
+        fabric.sb.sh("ip", "link", "set", f"{victim}x", "name", victim)
+        fabric.sb.sh("ip", "link", "set", victim, "up")
+    assert fabric.nics() == fabric.initial
 
 
 PODS = {"pa": 1, "pb": 2}  # pod -> its host number on both rails
@@ -410,6 +520,29 @@ def test_two_pods_get_exactly_their_configured_interfaces_on_pix_nics(installed)
             assert net["addrs"][ifname] == {f"192.168.5{i}.{host}/24"}
             assert net["routes"][ifname] == {(f"10.5{i}.0.0/16", f"192.168.5{i}.254"), (f"192.168.5{i}.0/24", None)}
         installed["pods"][pod]["identity"] = {ifname: link_identity(c, pod, ifname) for ifname in nics}
+
+
+def test_an_address_a_running_pod_holds_is_refused_naming_it_and_its_claim(installed):
+    """pa holds 192.168.50.1/24 on rail 0; a third pod asking for it is refused at prepare, with the
+    address and pa's claim in the reason; pa's interfaces are untouched."""
+    c, fabric = installed["c"], installed["fabric"]
+    absent = sorted(fabric.absent())
+    holder = installed["pods"]["pa"]["claim"]
+    c.apply(template("net-dup", {"nic-a": rail(0, 1)}, gpus=False))
+    c.apply(net_pod("dup", "net-dup"))
+    try:
+        with stage("an address pa holds: prepare failed naming it"):
+            try:
+                wait_for("dup: prepare failing, naming the address and pa's claim",
+                         lambda: prepare_failures(c, "dup", "address 192.168.50.1/24 is already held by",
+                                                  f"ResourceClaim {NS}/{holder}"), 180)
+            except TimeoutError as e:
+                raise TimeoutError(f"{e}\n{diagnose(c, NS)}\n{daemon_log(c)}") from None
+        assert get_pod(c, "dup")["status"]["phase"] == "Pending"
+        assert sorted(fabric.absent()) == absent
+    finally:
+        delete_and_wait(c, "dup")
+    assert pod_network(c, "pa")["addrs"]["rail0"] == {"192.168.50.1/24"}
 
 
 def network_data(c: Cluster, claim_name: str) -> dict[str, Any]:
@@ -507,6 +640,46 @@ def test_driver_restart_while_a_pod_is_being_deleted_gives_its_nics_back(install
     with stage("pa released -> gone, its NICs back in the node"):
         in_pod(c, "pa", "busybox", "rm", "/tmp/hold")
         wait_for("pa gone", lambda: not pod_exists(c, "pa"), 180)
+        nics_back_as_before(installed)
+
+
+def test_a_pod_stopped_while_the_driver_was_away_is_said_so_once_not_attached_to(installed):
+    """Issue 35 (minor): the driver is away while a pod's sandbox stops (a restart during its teardown);
+    when it comes back, NRI's synchronize still lists the stopped sandbox, whose network namespace is gone.
+    The driver says once that the pod is stopped instead of trying to attach into it (`attaching a running
+    pod's NICs failed ... No such file or directory`), and the NIC comes home when the pod goes."""
+    c, fabric = installed["c"], installed["fabric"]
+    c.apply(template("net-pc", {"nic-a": rail(0, 3)}, gpus=False))
+    c.apply(net_pod("pc", "net-pc"))
+    wait_running(c, "pc")
+    [netdev] = fabric.absent()
+    initial = fabric.initial[netdev]
+    in_pod(c, "pc", "sh", "-c", ": > /tmp/hold")
+    c.kubectl("delete", "pod", "-n", NS, "pc", "--wait=false")
+    wait_for("pc's preStop hook running", lambda: in_pod(c, "pc", "test", "-e", "/tmp/terminating",
+                                                         check=False).returncode == 0, 120)
+    syncs = nri_syncs(c)
+    with stage("driver away (no node matches), pc's sandbox stopped meanwhile"):
+        helm_upgrade(c, {**values(installed), "nodeSelector": {"topo-e2e/nowhere": "true"}})
+        wait_for("no driver pod", lambda: not daemon_pods(c), 180)
+        in_pod(c, "pc", "busybox", "rm", "/tmp/hold")
+        wait_for("pc's network namespace gone", lambda: c.sb.sh("ls", "-A", "/var/run/netns", check=False)
+                 .stdout.split() == [], 180)
+    # A physical NIC goes back to the node's namespace when the pod's namespace goes (the kernel moves it,
+    # possibly under another name); a veth end is destroyed instead. Stand in for the kernel.
+    fabric.sb.sh("ip", "link", "del", f"{netdev}sw", check=False)
+    fabric.sb.sh("ip", "link", "add", "eth9", "address", initial.mac, "mtu", str(initial.mtu), "type", "veth",
+                 "peer", "name", f"{netdev}sw", "mtu", "9000")
+    fabric.sb.sh("ip", "link", "set", f"{netdev}sw", "master", RAILS[0], "up")
+    with stage("driver back, NRI plugin connected again"):
+        helm_upgrade(c, values(installed))
+        installed["daemon"] = wait_daemon_ready(c)
+        wait_nri_synced(c, syncs)
+    log = c.kubectl("logs", "-n", NAMESPACE, installed["daemon"]["metadata"]["name"]).stdout
+    assert log.count("pod is stopped (its network namespace is gone)") == 1, daemon_log(c)
+    assert "attaching a running pod's NICs failed" not in log, daemon_log(c)
+    with stage("pc gone, its NIC back under its name"):
+        wait_for("pc gone", lambda: not pod_exists(c, "pc"), 180)
         nics_back_as_before(installed)
 
 

@@ -1,4 +1,4 @@
-// containerd-shim-runc-v2 of the same containerd release as ../containerd (v2.1.4): Debian's
+// containerd-shim-runc-v2 of the same containerd release as ../containerd (v2.2.9): Debian's
 // 1.6 shim speaks an older task API and outlives its pods under a 2.x daemon. containerd's
 // own shim entry point (shim.Run with the runc task service), built by
 // scripts/go_build_cached.sh and cached by this directory's hash.

@@ -4,7 +4,9 @@
 // This is containerd's own daemon entry point (command.App with the built-in plugins), built
 // from the pinned Go module by scripts/go_build_cached.sh and cached by this directory's
 // hash; ../containerd-shim is its runc shim (a separate program: the shim must not register
-// the daemon's plugins). The Go module proxy serves v2.1.4; see go.mod.
+// the daemon's plugins). v2.2.9 (go.mod): the first release line with the fix for containerd
+// issue 13355 (2.2.6: a RunPodSandbox that an NRI plugin fails stops its pause container; 2.1.4,
+// used before, left it running). It runs containerd/nri v0.11.0; the Go module proxy serves it.
 package main
 
 import (
