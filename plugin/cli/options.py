@@ -313,7 +313,10 @@ def make_source(settings: Settings) -> TopologySource:
     if v.get("simulate"):
         from ..sources.simulated.source import SimulatedSource  # noqa: PLC0415 (only the mode in use loads its source)
 
-        simulated = SimulatedSource(v["simulate"])
+        from ..health.options import GpuHealthOptions  # noqa: PLC0415 (as above)
+
+        # The config's `gpus.health` (catalog overrides, quiet period) applies to the simulated driver facts too.
+        simulated = SimulatedSource(v["simulate"], health=GpuHealthOptions.from_config(settings.config.gpu_health))
         if not (v.get("fabric_labels_file") or node_labeller):
             return simulated
         from ..sources.fabric_labels import FabricLabelFile  # noqa: PLC0415 (only with fabric labels)

@@ -15,7 +15,8 @@ from allocator.topology import NodeTopology
 from ...inputs import yaml_input
 from ...inputs.yaml_input import YamlProblem, read_text
 from ..errors import TopologyError
-from .node_yaml import API_VERSION, load_node_yaml
+from .driver_health import NodeDriverFacts, SimulatedHealth
+from .node_yaml import API_VERSION, load_node_yaml, load_node_yaml_with_driver
 from .topo_matrix import has_header_row, load_topo_matrix, parse_topo_matrix
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "builtin_text",
     "load_node_yaml",
     "load_simulated",
+    "load_simulated_with_driver",
     "load_topo_matrix",
     "parse_topo_matrix",
     "source_path",
@@ -51,10 +53,18 @@ def load_simulated(source: str) -> NodeTopology:
 
     The format of a file is recognised by content (an `apiVersion:` line means
     YAML), not by extension, so users can paste outputs into any file. Files
-    above 1 MiB are refused unread (`plugin.inputs.yaml_input`).
+    above 1 MiB are refused unread (`plugin.inputs.yaml_input`). GPUs' driver
+    facts apply as at a daemon's start: a listed XID that needs an action makes
+    its GPU Unhealthy (driver_health.py).
     """
+    return SimulatedHealth().apply(*load_simulated_with_driver(source))
+
+
+def load_simulated_with_driver(source: str) -> tuple[NodeTopology, NodeDriverFacts]:
+    """As `load_simulated`, the topology as the file states it and its driver facts apart (the live source
+    keeps the faults they cause across edits)."""
     if source in builtin_names():
-        return load_node_yaml(builtin_text(source), f"builtin:{source}")
+        return load_node_yaml_with_driver(builtin_text(source), f"builtin:{source}")
     path = pathlib.Path(source)
     try:
         text = read_text(source)
@@ -68,13 +78,13 @@ def load_simulated(source: str) -> NodeTopology:
     except YamlProblem as e:
         raise TopologyError(source, e.message, fix=e.fix) from None
     if any(line.startswith("apiVersion:") for line in text.splitlines()):
-        return load_node_yaml(text, source)
+        return load_node_yaml_with_driver(text, source)
     if not has_header_row(text) and _is_yaml_mapping(text):
         raise TopologyError(source, "a YAML mapping without `apiVersion: topo-device-plugin/v1`: neither a "
                                     "simulated-node file nor `nvidia-smi topo -m` output",
                             line=1, fix="start the file with `apiVersion: topo-device-plugin/v1` and "
                                         "`kind: SimulatedNode` (docs/simulated-nodes.md)")
-    return load_topo_matrix(text, source, node_name=path.stem)
+    return load_topo_matrix(text, source, node_name=path.stem), NodeDriverFacts()
 
 
 def _is_yaml_mapping(text: str) -> bool:

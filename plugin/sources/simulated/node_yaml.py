@@ -25,6 +25,7 @@ from ...inputs import yaml_input
 from ...inputs.yamlpath import field_path, line_of
 from ..errors import TopologyError
 from ..nvml_mig import caps_attribute, cap_minors
+from .driver_health import NodeDriverFacts, driver_facts
 from .topo_matrix import load_topo_matrix
 
 API_VERSION = "topo-device-plugin/v1"
@@ -39,6 +40,16 @@ def schema() -> dict[str, Any]:
 
 
 def load_node_yaml(text: str, source: str) -> NodeTopology:
+    return _build(*_validated(text, source), source)
+
+
+def load_node_yaml_with_driver(text: str, source: str) -> tuple[NodeTopology, NodeDriverFacts]:
+    """The topology and the GPUs' simulated driver facts (`driver:`, `bootId`; see driver_health.py)."""
+    data, root = _validated(text, source)
+    return _build(data, root, source), driver_facts(data)
+
+
+def _validated(text: str, source: str) -> tuple[Mapping[str, Any], yaml.Node | None]:
     try:
         data, root = yaml_input.load(text)
         if not isinstance(data, Mapping):
@@ -52,7 +63,7 @@ def load_node_yaml(text: str, source: str) -> NodeTopology:
         if bad.validator == "additionalProperties":
             fix = "remove or rename the unknown field; " + fix
         raise TopologyError(source, f"field {bad.field}: {bad.message}", line=bad.line, fix=fix)
-    return _build(data, root, source)
+    return data, root
 
 
 def _build(data: Mapping[str, Any], root: yaml.Node | None, source: str) -> NodeTopology:
