@@ -33,6 +33,7 @@ ALLOWED = (
     "plugin/api/**/*.pyi",  # the generated gRPC stubs' type hints
     "plugin/**/builtins/*.yaml",  # the built-in simulated nodes
     "plugin/**/*.json",  # the JSON schemas of the simulated-node and config files
+    "plugin/health/xid_catalog.tsv",  # NVIDIA's XID catalog as data: the health policy's default table
     "plugin/py.typed",
     "allocator/py.typed",
     "topo_device_plugin-*.dist-info/METADATA",

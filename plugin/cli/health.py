@@ -22,12 +22,12 @@ DEFAULT_STATE_DIRECTORY = "/var/lib/topo-device-plugin"
 
 @click.command(cls=Command, examples=("topo-device-plugin health clear --gpu GPU3 --state-dir /var/lib/topo-device-plugin",))
 @click.argument("action", type=click.Choice(["clear"]))
-@click.option("--gpu", "gpus", multiple=True, required=True, metavar="GPU", envvar="TOPO_DP_HEALTH_GPU",
+@click.option("--gpu", "gpus", multiple=True, required=True, metavar="GPU", envvar="TOPO_DP_GPU",
               help="A GPU UUID, its name as `discover` prints it (GPU3), or `all`; repeatable.")
-@click.option("--state-dir", default=None, metavar="DIR", envvar="TOPO_DP_HEALTH_STATE_DIR",
+@click.option("--state-dir", default=None, metavar="DIR", envvar="TOPO_DP_STATE_DIR",
               help="The daemon's gpus.health.stateDirectory (default: from --config, else "
                    f"{DEFAULT_STATE_DIRECTORY}).")
-@click.option("--config", "config_path", default=None, metavar="FILE", envvar="TOPO_DP_HEALTH_CONFIG",
+@click.option("--config", "config_path", default=None, metavar="FILE", envvar="TOPO_DP_CONFIG",
               help="The daemon's config file (its gpus.health.stateDirectory).")
 def health(action: str, gpus: tuple[str, ...], state_dir: str | None, config_path: str | None) -> None:
     """GPU health: `clear` tells the running daemon the named GPUs are fixed; they are Healthy again at once."""
