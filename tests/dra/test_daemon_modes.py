@@ -8,7 +8,6 @@ server is tests/dra/apiserver_standin (reached through KUBECONFIG, as outside a 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from click.testing import CliRunner
 
 from kubelet_standin import register, registration_sockets
 from topo_testkit import pythonpath_env
+from topo_testkit.child_wait import until_child as until
 
 from apiserver_standin import write_kubeconfig
 from plugin.cli import cli
@@ -33,17 +33,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def root(short_tmp):
     return short_tmp  # unix socket paths are short (tests/conftest.py)
 
-
-async def until(predicate, what: str, proc: subprocess.Popen, log: str, timeout: float = 60.0):
-    for _ in range(int(timeout / 0.1)):
-        value = predicate()
-        if value:
-            return value
-        if proc.poll() is not None:
-            break
-        await asyncio.sleep(0.1)
-    with open(log, encoding="utf-8", errors="replace") as f:
-        raise AssertionError(f"timed out waiting for {what}; daemon log:\n{f.read()[-4000:]}")
 
 
 async def test_one_process_serves_gpus_through_dra_and_nics_through_the_device_plugin(root, apiserver, tmp_path):

@@ -23,6 +23,7 @@ from plugin.sources.fabric_labels import CLIQUE_LABEL
 from plugin.runtime.node_labels import NodeLabeller, connect_node_api
 from plugin.sources.simulated import builtin_text, load_simulated
 from topo_testkit import pythonpath_env
+from topo_testkit.child_wait import until_child as until
 
 NODE = "node-a"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,17 +50,6 @@ def edit(path, data, change) -> None:
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))
     os.replace(tmp, path)
 
-
-async def until(predicate, what: str, proc: subprocess.Popen, log: str, timeout: float = 60.0):
-    for _ in range(int(timeout / 0.05)):
-        value = predicate()
-        if value:
-            return value
-        if proc.poll() is not None:
-            break
-        await asyncio.sleep(0.05)
-    with open(log, encoding="utf-8", errors="replace") as f:
-        raise AssertionError(f"timed out waiting for {what}; daemon log:\n{f.read()[-4000:]}")
 
 
 def labels(server: ApiServerStandIn) -> dict[str, str]:

@@ -12,7 +12,6 @@ time, is tests/sources/test_fabric_labels.py's.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ import pytest
 from apiserver_standin import write_kubeconfig
 from kubelet_standin import register, registration_sockets
 from topo_testkit import pythonpath_env
+from topo_testkit.child_wait import until_child as until
 from topo_testkit import sysfs_fixture as sf
 
 from plugin.sources.fabric_labels import CLIQUE_LABEL
@@ -55,17 +55,6 @@ def label_file(path: str) -> dict[str, str]:
     with open(path, encoding="utf-8") as f:
         return dict(line.strip().split("=", 1) for line in f if "=" in line and not line.startswith("#"))
 
-
-async def until(predicate, what: str, proc: subprocess.Popen, log: str, timeout: float = 60.0):
-    for _ in range(int(timeout / 0.1)):
-        value = predicate()
-        if value:
-            return value
-        if proc.poll() is not None:
-            break
-        await asyncio.sleep(0.1)
-    with open(log, encoding="utf-8", errors="replace") as f:
-        raise AssertionError(f"timed out waiting for {what}; daemon log:\n{f.read()[-4000:]}")
 
 
 async def test_the_clique_label_and_slice_attribute_appear_when_the_fabric_completes(root, apiserver, tmp_path):

@@ -26,6 +26,7 @@ from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.health_service import HEALTH_SERVICES
 from plugin.sources.simulated import builtin_text
 from topo_testkit import pythonpath_env
+from topo_testkit.child_wait import until_child as wait_until
 
 NODE = "node-a"
 DRIVER = "topo.dev"
@@ -159,16 +160,6 @@ def taints(apiserver) -> dict[str, list[str]]:
     return {d["name"]: [t["key"] for t in d["taints"]] for s in apiserver.slices.values()
             for d in s["spec"].get("devices", ()) if d.get("taints")}
 
-
-async def wait_until(predicate, what: str, proc: subprocess.Popen, log: str, timeout: float = 60.0):
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        if proc.poll() is not None:
-            break
-        await asyncio.sleep(0.05)
-    with open(log, encoding="utf-8", errors="replace") as f:
-        raise AssertionError(f"timed out waiting for {what}; daemon log:\n{f.read()[-4000:]}")
 
 
 async def test_a_simulated_node_edit_reaches_the_stream_and_the_slice_taint_both_ways(roots, apiserver, tmp_path):
