@@ -83,7 +83,7 @@ prepare() {
   toolkit_prepare
 }
 
-# ---- NVIDIA's container toolkit (tests/support/nvidia_ctk, v1.20.2): nvidia-ctk and nvidia-cdi-hook --------
+# ---- NVIDIA's container toolkit (tests/support/nvidia_ctk, 1.20.2): nvidia-ctk and nvidia-cdi-hook --------
 # tests/cdi/test_toolkit_specs.py and scripts/device/real_gpu_check.sh use them. Exit 3: no Go toolchain
 # (skip, except in CI).
 toolkit_prepare() {

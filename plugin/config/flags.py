@@ -197,7 +197,8 @@ D, R, S, L = Target.DISCOVERY, Target.RESOURCES, Target.SERVING, Target.LOGGING
 
 OPTIONS: tuple[Option, ...] = (
     Option("config", "YAML config: flags, GPU health, NIC pools (see docs/configuration.md).",
-           in_config=False, param="config_path", metavar="FILE", target=Target.INVOCATION),
+           in_config=False, param="config_path", metavar="FILE", target=Target.INVOCATION,
+           commands=NODE_COMMANDS | {"health"}),  # health clear finds the state directory in it
     Option("simulate", "Serve a simulated node: a built-in name, a YAML node file or `nvidia-smi topo -m` text.",
            metavar="SOURCE", chart_managed=True, target=D),
     Option("device_id_strategy", "How GPU IDs are formed.", kind="choice", default="uuid",

@@ -1,7 +1,7 @@
 """The GPU-machine script (scripts/device/real_gpu_check.sh) runs here, `--simulated`, before any GPU minute is spent.
 
 One run against a simulated DGX H100's driver root (our NVML shim, the static `nvidia-smi`,
-/dev/nvidia* by mknod), with everything else real: NVIDIA's nvidia-ctk v1.20.2 writes the spec,
+/dev/nvidia* by mknod), with everything else real: NVIDIA's nvidia-ctk 1.20.2 writes the spec,
 containerd v2 injects it (runc runs its nvidia-cdi-hook hooks), our daemon answers Allocate with
 the toolkit's CDI names only (`cdi-cri`, `--cdi-specs external`, `--no-pass-device-specs`), the
 kubelet admits a static pod asking two GPUs. What a user would check:
