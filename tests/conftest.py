@@ -10,10 +10,9 @@ import pytest
 from topo_testkit import SHARED_DIR
 from topo_testkit.short_dirs import short_tmp_dir
 
-#: Seconds per top-level test directory at the end of every run (tests/README.md says how to read it).
-pytest_plugins = ["topo_testkit.durations_table"]
-
-pytest_plugins = ["topo_testkit.measured"]
+#: Seconds per top-level test directory at the end of every run (tests/README.md says how to read it), and the
+#: figures e2e tests measure on the way (`record_property("measured: ...")`).
+pytest_plugins = ["topo_testkit.durations_table", "topo_testkit.measured"]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = SHARED_DIR
