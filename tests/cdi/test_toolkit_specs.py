@@ -38,29 +38,23 @@ from cdi_nodes import resources_of
 NODE = "dgx-h100"
 
 
-def _skip_or_fail(reason: str) -> None:
-    if tk.required():
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def ctk() -> str:
     path, why = tk.build("nvidia-ctk")
     if path is None:
-        _skip_or_fail(why)
+        tk.skip_or_fail(why)
     return str(path)
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory) -> tuple[dict, dr.DriverRoot]:
     if os.geteuid() != 0:
-        _skip_or_fail("the simulated driver root's /dev/nvidia* nodes are made with mknod, which needs root")
+        tk.skip_or_fail("the simulated driver root's /dev/nvidia* nodes are made with mknod, which needs root")
     report = dr.discover(NODE)
     try:
         root = dr.build_driver_root(tmp_path_factory.mktemp("driver-root"), dr.gpus_from_discover(report))
     except dr.DriverRootError as e:
-        _skip_or_fail(str(e))
+        tk.skip_or_fail(str(e))
     return report, root
 
 

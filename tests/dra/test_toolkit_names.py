@@ -42,25 +42,19 @@ DRIVER = "topo.dev"
 SIMULATED = "dgx-h100"
 
 
-def _skip_or_fail(reason: str) -> None:
-    if tk.required():
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def toolkit_specs(tmp_path_factory) -> dict:
     """The toolkit's specs of the simulated node, one directory per strategy; and our discover report."""
     ctk, why = tk.build("nvidia-ctk")
     if ctk is None:
-        _skip_or_fail(why)
+        tk.skip_or_fail(why)
     if os.geteuid() != 0:
-        _skip_or_fail("the simulated driver root's /dev/nvidia* nodes are made with mknod, which needs root")
+        tk.skip_or_fail("the simulated driver root's /dev/nvidia* nodes are made with mknod, which needs root")
     report = dr.discover(SIMULATED)
     try:
         root = dr.build_driver_root(tmp_path_factory.mktemp("driver-root"), dr.gpus_from_discover(report))
     except dr.DriverRootError as e:
-        _skip_or_fail(str(e))
+        tk.skip_or_fail(str(e))
     out = {"report": report, "root": root}
     for strategy in ("uuid", "index"):
         d = tmp_path_factory.mktemp(f"etc-cdi-{strategy}")

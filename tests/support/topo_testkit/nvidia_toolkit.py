@@ -14,7 +14,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -35,6 +35,15 @@ def build(program: str = "nvidia-ctk") -> tuple[str | None, str]:
 
 def required() -> bool:
     return os.environ.get("TOPO_DP_REQUIRE_CDI_TOOLS") == "1"
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip where the toolkit cannot exist here; a failure under CI's TOPO_DP_REQUIRE_CDI_TOOLS=1."""
+    import pytest  # here: only tests call this; scripts import the module too
+
+    if required():
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 def generate(ctk: str, driver_root: Path, output: Path, strategies: Sequence[str] = (),
