@@ -485,8 +485,12 @@ def test_with_toolkit_names_prepare_waits_for_the_toolkits_spec_then_the_pod_get
     c.apply(pod)
 
     def refused() -> list[str]:
+        """Our driver's refusals only: before the node authorizer's graph links the pod's new claim to the
+        node, the kubelet's own fetch of the claim can fail first ("no relationship found between node ...")
+        under the same event reason, and the kubelet retries; that transient refusal is not ours."""
         items = c.get("events", "-n", NAMESPACE, "--field-selector", "involvedObject.name=libs")["items"]
-        return [e["message"] for e in items if e["reason"] == "FailedPrepareDynamicResources"]
+        return [e["message"] for e in items
+                if e["reason"] == "FailedPrepareDynamicResources" and "CDI spec" in e["message"]]
 
     with stage("no toolkit spec: prepare refused"):
         (message, *_) = wait_for("prepare refused for want of the toolkit's spec", refused, 240)
