@@ -36,6 +36,9 @@ README = CHART / "README.md"
 RELEASE = "topo-device-plugin"
 NAMESPACE = "kube-system"
 EXCERPT_KINDS = ("ConfigMap", "DaemonSet")
+#: The excerpt renders for the tested Kubernetes line (offline `helm template` assumes 1.20, which the chart's
+#: kubeVersion refuses).
+KUBE_VERSION = json.loads((ROOT / "tests" / "kubelet" / "k8s_versions.json").read_text())["current"]["kubernetes"]
 
 KEY_RE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.\-/]+|\"[^\"]+\"):(?:\s|$)")
 
@@ -147,7 +150,7 @@ def find_helm(explicit: str | None) -> str:
 
 def helm_excerpt(helm: str) -> str:
     out = subprocess.run(
-        [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE],
+        [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION],
         check=True,
         capture_output=True,
         text=True,
@@ -157,7 +160,7 @@ def helm_excerpt(helm: str) -> str:
         obj = yaml.safe_load(doc)
         if isinstance(obj, dict) and obj.get("kind") in EXCERPT_KINDS:
             keep.append("---\n" + doc.strip("\n") + "\n")
-    cmd = f"helm template {RELEASE} charts/topo-device-plugin --namespace {NAMESPACE}"
+    cmd = f"helm template {RELEASE} charts/topo-device-plugin --namespace {NAMESPACE} --kube-version {KUBE_VERSION}"
     return f"```yaml\n# {cmd}  (ConfigMap and DaemonSet only)\n" + "".join(keep) + "```"
 
 

@@ -55,7 +55,16 @@ class Rendered:
         return self.get("DaemonSet")["spec"]["template"]["spec"]
 
 
+#: The Kubernetes version rendering assumes: the current tested line (offline `helm template`
+#: assumes 1.20, which the chart's kubeVersion refuses).
+KUBE_VERSION = json.loads((ROOT / "tests" / "kubelet" / "k8s_versions.json").read_text())["current"]["kubernetes"]
+
+
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess:
+    """helm with `args`; `template` renders for the tested Kubernetes version (as `helm install` would for
+    the cluster's own) unless the caller names one."""
+    if args and args[0] == "template" and "--kube-version" not in args:
+        args = (*args, "--kube-version", KUBE_VERSION)
     return subprocess.run([helm, *args], capture_output=True, text=True, cwd=ROOT)
 
 
@@ -770,6 +779,25 @@ def test_chart_app_version_matches_the_package():
     pyproject = (ROOT / "pyproject.toml").read_text()
     version = re.search(r'^version\s*=\s*"([^"]+)"', pyproject, re.M).group(1)
     assert chart["appVersion"] == version
+
+
+def test_chart_claims_the_tested_kubernetes_versions_only(helm):
+    """The chart's kubeVersion floor is the oldest tested line (tests/kubelet/k8s_versions.json), so `helm
+    install` refuses an older cluster with helm's message instead of deploying what nothing here proved;
+    the tested lines render."""
+    lines = json.loads((ROOT / "tests" / "kubelet" / "k8s_versions.json").read_text())
+    tested = sorted((lines[n]["kubernetes"].lstrip("v") for n in lines if isinstance(lines[n], dict)),
+                    key=lambda v: tuple(int(x) for x in v.split(".")))
+    oldest_minor = ".".join(tested[0].split(".")[:2])
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={oldest_minor}.0-0"
+    for version in tested:
+        proc = run_helm(helm, "template", RELEASE, str(CHART), "--kube-version", version)
+        assert proc.returncode == 0, f"{version}: {proc.stderr}"
+    major, minor = (int(x) for x in oldest_minor.split("."))
+    older = f"{major}.{minor - 1}.0"
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--kube-version", older)
+    assert proc.returncode != 0 and f"chart requires kubeVersion: >={oldest_minor}.0-0" in proc.stderr, proc.stderr
 
 
 # ---- DRA ------------------------------------------------------------------------------------------

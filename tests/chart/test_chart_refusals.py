@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "topo-device-plugin"
 NAMESPACE = "topo-system"
 RELEASE = "tdp"
+#: Rendered for the tested Kubernetes line, as tests/chart/test_chart.py's run_helm does.
+KUBE_VERSION = json.loads((ROOT / "tests" / "kubelet" / "k8s_versions.json").read_text())["current"]["kubernetes"]
 #: Every case runs on a simulated node, without the NVIDIA runtime.
 BASE = {"simulate": "dgx-h100", "nvidia": {"enabled": False}}
 
@@ -195,8 +197,8 @@ RULES = [
 def helm_template(helm: str, chart: Path, values: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess:
     vfile = tmp_path / f"values-{uuid.uuid4().hex[:8]}.yaml"
     vfile.write_text(yaml.safe_dump(values, sort_keys=False))
-    return subprocess.run([helm, "template", RELEASE, str(chart), "-n", NAMESPACE, "-f", str(vfile)],
-                          capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run([helm, "template", RELEASE, str(chart), "-n", NAMESPACE, "-f", str(vfile),
+                           "--kube-version", KUBE_VERSION], capture_output=True, text=True, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
