@@ -26,8 +26,9 @@ from ..demo.device_manager import StandinDeviceManager, pod
 from ..demo.kubelet_standin import KubeletStandin
 from ..observability.logging_setup import setup_logging
 from ..model.render import plural
-from .options import Settings, make_source, option, resource_options, with_settings
+from .options import Settings, option, resource_options, with_settings
 from .routing import Command
+from .typed import make_source
 
 
 async def _demo(settings: Settings, hold: float, out) -> int:
