@@ -96,8 +96,7 @@ def serve_settings(settings: Settings) -> ServeSettings:
         plugin_dir=v["device_plugin_path"] or os.path.join(v["kubelet_root_dir"], "device-plugins"),
         metrics_address=v["metrics_address"], config_path=settings.config.path, cdi_spec_dir=v["cdi_spec_dir"],
         pod_resources_socket=socket_path(v["kubelet_root_dir"]) if v["pod_resources"] else None,
-        dra=dra_settings(settings) if mode != "device-plugin" else None,
-        log_level=v["log_level"], log_format=v["log_format"])
+        dra=dra_settings(settings) if mode != "device-plugin" else None)
 
 
 def make_source(settings: Settings) -> TopologySource:

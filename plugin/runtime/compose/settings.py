@@ -84,5 +84,3 @@ class ServeSettings:
     pod_resources_socket: str | None
     #: None in device-plugin mode.
     dra: DraSettings | None = None
-    log_level: str = "info"
-    log_format: str = "text"
