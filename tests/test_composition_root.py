@@ -7,8 +7,8 @@ constructs a server, a source, a publisher, a backend, a labeller or the DRA
 driver anywhere else. The classes are found in the code, not listed by hand:
 every class of `plugin/` whose name ends in one of those words (protocols
 left out), every class that implements a `...Backend` protocol (the
-time-slice setters), and the NIC side's two parts the root wires (`PodNetwork`,
-`NriPlugin`). Factory functions that construct one for the root count as
+time-slice setters), the NIC side's two parts the root wires (`PodNetwork`,
+`NriPlugin`), the sharing wrapper (`GpuSharing`) and the `Daemon`. Factory functions that construct one for the root count as
 constructions too. The few places that still construct one, each for a reason
 the root cannot take over, are listed with that reason; an entry that no
 longer matches anything fails too, so the list cannot go stale.
@@ -25,9 +25,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: The composition root: constructions are what it is for.
 COMPOSE = "plugin/runtime/compose/"
 SUFFIX = re.compile(r"(Server|Source|Publisher|Backend|Driver|Labeller)$")
-#: Collaborators named by what they are, not by a suffix: the NIC side of the DRA driver, and the wrapper
-#: every sharing backend is handed in.
-NAMED = ("PodNetwork", "NriPlugin", "GpuSharing")
+#: Collaborators named by what they are, not by a suffix: the NIC side of the DRA driver, the wrapper every
+#: sharing backend is handed in, and the daemon that runs the device-plugin side.
+NAMED = ("PodNetwork", "NriPlugin", "GpuSharing", "Daemon")
 #: Functions that construct a listed class for the root: calling one is constructing.
 FACTORIES = ("hardware_source_from_options",)
 
@@ -125,7 +125,7 @@ def test_the_walk_finds_the_roots_own_constructions():
     built = {name for path, name in constructions(modules, collaborator_classes(modules)) if path.startswith(COMPOSE)}
     assert {"DraDriver", "SlicePublisher", "SimulatedSource", "FabricLabelledSource", "NodeLabeller",
             "hardware_source_from_options", "SimulatedMigBackend", "NvmlMigBackend", "SimulatedTimeSlice",
-            "NvidiaSmiTimeSlice", "GpuSharing", "PodNetwork", "NriPlugin"} <= built, sorted(built)
+            "NvidiaSmiTimeSlice", "GpuSharing", "PodNetwork", "NriPlugin", "Daemon"} <= built, sorted(built)
 
 
 def test_a_construction_outside_the_root_is_reported(tmp_path):

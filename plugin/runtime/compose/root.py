@@ -12,16 +12,20 @@ What each mode builds (docs/architecture.md, "Composition"):
   knows the DRA resources' devices: API client, MIG backend, sharing backend,
   slice publisher, NIC side (pod network, NRI), the driver;
 - both: as DRA; the daemon splits the resources between its servers and the driver.
+
+`demo` has its own small function (`compose_demo`): the device-plugin mode in a
+temporary directory, against the kubelet stand-in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from ...model.resources import ResourceOptions
 from ..daemon import Daemon
 from ..options import DaemonOptions, DraFactory
 from .dra import dra_factory
-from .settings import Mode, ServeSettings
+from .settings import Mode, ServeSettings, SourceSettings
 from .source import build_source
 
 
@@ -52,6 +56,12 @@ def compose_dra(s: ServeSettings) -> Daemon:
 def compose_both(s: ServeSettings) -> Daemon:
     """Both: the resources in draResources through the DRA driver, the others through device-plugin servers."""
     return compose_dra(s)
+
+
+def compose_demo(source: SourceSettings, resources: ResourceOptions, plugin_dir: str, cdi_spec_dir: str) -> Daemon:
+    """`demo`: device-plugin mode against the kubelet stand-in in a temporary directory (no DRA, no health
+    endpoint, no config reload)."""
+    return Daemon(build_source(source), DaemonOptions(plugin_dir=plugin_dir, cdi_spec_dir=cdi_spec_dir), resources)
 
 
 MODES: dict[Mode, Callable[[ServeSettings], Daemon]] = {
