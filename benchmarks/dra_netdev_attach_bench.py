@@ -35,7 +35,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support"), str(ROOT / "tests" /
 from apiserver_standin import ApiServerStandIn, write_kubeconfig
 from kubelet_standin import register, registration_sockets
 
-from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra import DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.kubeapi import kubeconfig_api
 from plugin.dra.network_config import API_VERSION, KIND
 from plugin.sources.simulated import load_node_yaml
@@ -95,7 +96,7 @@ async def main() -> None:
     nics = "\n".join(f"  - {{name: nic{i}, numa: 0, netdev: {n}}}" for i, n in enumerate(names))
     topo = load_node_yaml(f"apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\ngpus: [{{numa: 0}}]\n"
                           f"nics:\n{nics}\n", "bench.yaml")
-    drv = DraDriver(DraOptions(SliceOptions(node_name=NODE, driver_name=DRIVER),
+    drv = dra_driver(DraOptions(SliceOptions(node_name=NODE, driver_name=DRIVER),
                                kubelet_root=os.path.join(base, "kubelet"), cdi_root=os.path.join(base, "cdi"),
                                instance_id="bench", resync_s=3600, netdev_attach="auto",
                                nri_socket=os.path.join(base, "nri.sock")), api)

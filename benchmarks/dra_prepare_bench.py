@@ -203,7 +203,8 @@ async def hung_run() -> float:
 
 async def checkpoint_writes(n: int) -> int:
     """The driver in this process, its checkpoint's file writes counted for one n-claim call."""
-    from plugin.dra import DraDriver, DraOptions, SliceOptions
+    from plugin.dra import DraOptions, SliceOptions
+    from plugin.runtime.compose.dra import dra_driver
     from plugin.dra.checkpoint import ClaimCheckpoint
     from plugin.dra.kubeapi import kubeconfig_api
     from plugin.sources.simulated import load_simulated
@@ -221,7 +222,7 @@ async def checkpoint_writes(n: int) -> int:
     await api.start()
     base = tempfile.mkdtemp(prefix="drb-", dir="/tmp")
     kube = await kubeconfig_api(write_kubeconfig(pathlib.Path(base) / "kubeconfig", api.url))
-    drv = DraDriver(DraOptions(SliceOptions(node_name=NODE), kubelet_root=os.path.join(base, "k"),
+    drv = dra_driver(DraOptions(SliceOptions(node_name=NODE), kubelet_root=os.path.join(base, "k"),
                                cdi_root=os.path.join(base, "cdi"), instance_id="bench", resync_s=3600), kube)
     try:
         await drv.start(load_simulated("dgx-h100"))
@@ -277,15 +278,16 @@ async def latency_run(calls: int, profile: bool) -> tuple[list[tuple[str, str]],
     import io
     import pstats
 
-    from plugin.dra import DraDriver, DraOptions, SliceOptions
+    from plugin.dra import DraOptions, SliceOptions
     from plugin.dra.kubeapi import kubeconfig_api
+    from plugin.runtime.compose.dra import dra_driver
     from plugin.sources.simulated import load_simulated
 
     api = ApiServerStandIn(NODE)
     await api.start()
     base = tempfile.mkdtemp(prefix="drb-", dir=OPTS.dir)
     kube = await kubeconfig_api(write_kubeconfig(pathlib.Path(base) / "kubeconfig", api.url))
-    drv = DraDriver(DraOptions(SliceOptions(node_name=NODE), kubelet_root=os.path.join(base, "k"),
+    drv = dra_driver(DraOptions(SliceOptions(node_name=NODE), kubelet_root=os.path.join(base, "k"),
                                cdi_root=os.path.join(base, "cdi"), instance_id="bench", resync_s=3600), kube)
     shapes = {"empty call (0 claims)": [], "1 GPU": ["gpu-0"],
               "2 GPUs + 2 NICs": ["gpu-0", "gpu-1", "nic-mlx5-0", "nic-mlx5-1"]}

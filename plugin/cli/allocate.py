@@ -24,8 +24,9 @@ from allocator.scoring import evaluate, rank
 from allocator.topology import DeviceGraph, NodeTopology
 
 from ..model.resources import Resource, build_resources
-from .options import Settings, make_source, option, resource_options, with_settings
+from .options import Settings, option, resource_options, with_settings
 from .routing import Command
+from .typed import make_source
 
 #: Above this many candidates `allocate` does not enumerate a runner-up.
 RUNNER_UP_LIMIT = 16

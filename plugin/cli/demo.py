@@ -21,13 +21,15 @@ import click
 from allocator.pairing import pair_label
 from allocator.topology import DeviceKind
 
-from ..runtime.daemon import Daemon, DaemonOptions
+from ..runtime.compose.root import compose_demo
+from ..runtime.daemon import Daemon
 from ..demo.device_manager import StandinDeviceManager, pod
 from ..demo.kubelet_standin import KubeletStandin
 from ..observability.logging_setup import setup_logging
 from ..model.render import plural
-from .options import Settings, make_source, option, resource_options, with_settings
+from .options import Settings, option, resource_options, with_settings
 from .routing import Command
+from .typed import source_settings
 
 
 async def _demo(settings: Settings, hold: float, out) -> int:
@@ -42,10 +44,9 @@ async def _demo(settings: Settings, hold: float, out) -> int:
 
 async def _transcript(settings: Settings, kubelet: KubeletStandin, tmp: str, hold: float, out) -> int:
     out(f"kubelet stand-in listening on {kubelet.socket_path}")
-    source = make_source(settings)
-    started = time.monotonic()
     cdi_dir = os.path.join(tmp, "cdi")  # the demo's stand-in for /var/run/cdi
-    daemon = Daemon(source, DaemonOptions(plugin_dir=tmp, cdi_spec_dir=cdi_dir), resource_options(settings))
+    daemon = compose_demo(source_settings(settings), resource_options(settings), plugin_dir=tmp, cdi_spec_dir=cdi_dir)
+    started = time.monotonic()  # as before: from the daemon's start, the source already built
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop, install_signals=False))
     try:

@@ -12,8 +12,9 @@ from ..model.render import render_dot, render_table, to_data
 from ..model.resources import build_resources
 from ..sources import builtin_names
 from ..sources.simulated import builtin_text
-from .options import Settings, make_source, option, resource_options, with_settings
+from .options import Settings, option, resource_options, with_settings
 from .routing import Command
+from .typed import make_source
 
 
 def builtin_description(name: str) -> str:

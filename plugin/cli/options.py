@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,7 @@ from click.core import ParameterSource
 
 from ..config import Config, ConfigError, load_config
 from ..config.flags import BY_DEST, KIND_FIX, Option, options_for, restart_needed
-from ..errors import InputError, OptionError
+from ..errors import OptionError
 from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS
 from ..model.gpu_allocate import GpuAllocateOptions
 from ..observability.address import parse_address
@@ -31,7 +30,6 @@ from ..model.nic_pools import NicPool, parse_pools
 from ..model.resource_names import check_resource_name
 from ..model.resources import ResourceOptions
 from ..model.serving_modes import check_modes
-from ..sources.base import TopologySource
 
 log = logging.getLogger(__name__)
 
@@ -303,51 +301,3 @@ def check_simulate(settings: Settings) -> None:
             raise OptionError(f"{option_source(settings, dest)} has no effect with --simulate: a simulated node "
                               f"reads no {what} (fix: drop {BY_DEST[dest].flag}, or drop --simulate to discover "
                               "the real hardware under it)")
-
-
-def make_source(settings: Settings) -> TopologySource:
-    """The simulated node when --simulate is given, else real hardware (NVML + sysfs)."""
-    check_simulate(settings)
-    v = settings.values
-    node_labeller = _node_labeller(settings)
-    if v.get("simulate"):
-        from ..sources.simulated.source import SimulatedSource  # noqa: PLC0415 (only the mode in use loads its source)
-
-        from ..health.options import GpuHealthOptions  # noqa: PLC0415 (as above)
-
-        # The config's `gpus.health` (catalog overrides, quiet period) applies to the simulated driver facts too.
-        simulated = SimulatedSource(v["simulate"], health=GpuHealthOptions.from_config(settings.config.gpu_health))
-        if not (v.get("fabric_labels_file") or node_labeller):
-            return simulated
-        from ..sources.fabric_labels import FabricLabelFile  # noqa: PLC0415 (only with fabric labels)
-        from ..runtime.fabric_labelled import FabricLabelledSource  # noqa: PLC0415 (only with fabric labels)
-
-        file = FabricLabelFile(v["fabric_labels_file"]) if v.get("fabric_labels_file") else None
-        return FabricLabelledSource(simulated, file=file, node=node_labeller)
-    from ..sources.hardware import hardware_source_from_options  # noqa: PLC0415 (real hardware only: NVML, sysfs, udev)
-
-    hardware = hardware_source_from_options(
-        sysfs_root=v["sysfs_root"], dev_root=v["dev_root"], proc_root=v["proc_root"],
-        fail_on_init_error=v["fail_on_init_error"], gpu_health=settings.config.gpu_health,
-        nic_link_health=v["nic_link_health"], fabric_labels_file=v.get("fabric_labels_file"),
-        fabric_recheck_s=v.get("fabric_recheck_s") or None,
-    )
-    if node_labeller is None:
-        return hardware
-    from ..runtime.fabric_labelled import FabricLabelledSource  # noqa: PLC0415 (only with --fabric-labels-node)
-
-    return FabricLabelledSource(hardware, node=node_labeller)  # the hardware source keeps the file itself
-
-
-def _node_labeller(settings: Settings):  # -> NodeLabeller | None (imported only when used)
-    """With --fabric-labels-node: the labeller of this node, named by NODE_NAME (the chart sets it)."""
-    if not settings.values.get("fabric_labels_node"):
-        return None
-    node = os.environ.get("NODE_NAME", "")
-    if not node:
-        raise InputError(f"{option_source(settings, 'fabric_labels_node')}: labelling the Node needs its name in "
-                         "NODE_NAME (fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; "
-                         "the chart does)")
-    from ..runtime.node_labels import NodeLabeller  # noqa: PLC0415 (lightkube only with --fabric-labels-node)
-
-    return NodeLabeller(node)

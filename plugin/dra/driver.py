@@ -15,8 +15,8 @@ Wiring (for the daemon): with `include` selecting the devices whose resource
 is in DRA mode (and the device-plugin side leaving exactly those out),
 
     api = await in_cluster_api()                       # plugin.dra.kubeapi; kubeconfig_api(path) outside a pod
-    driver = DraDriver(DraOptions(SliceOptions(node_name=NODE_NAME, include=in_dra_mode),
-                                  instance_id=POD_UID), api)
+    options = DraOptions(SliceOptions(node_name=NODE_NAME, include=in_dra_mode), instance_id=POD_UID)
+    driver = dra_driver(options, api)                  # plugin.runtime.compose.dra: the driver and its parts
     await driver.start(topology)                       # CheckpointError: exit 2, message names the file
     driver.update(new_topology)                        # on every topology change (health, hot-plug)
     await driver.stop(); await api.close()             # on SIGTERM
@@ -27,6 +27,13 @@ interface among the devices served, `start` also connects to the container runti
 handler, which moves each prepared NIC into its pod's network namespace when
 the sandbox starts. Otherwise (GPU-only, `netdev_attach="off"`) neither
 `plugin.nri` nor `plugin.netattach` (pyroute2) is even imported.
+
+Collaborators (issue 31): the driver builds what is keyed to its own paths
+(checkpoint, CDI writer, registration, health board, MIG book) and is given
+the rest, as `DraParts`, by the composition root (`plugin.runtime.compose.dra`):
+the slice publisher, the sharing backend and the NIC side (pod network, NRI,
+claim-status writer), so that which backend runs in which mode is decided in
+one file.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +58,7 @@ from .health_service import HealthBoard
 from .mig_prepare import CapsFor, MigPreparer, simulated_caps
 from .paths import DraPaths, new_instance_id
 from .prepare import ClaimNetwork, ClaimPreparer, PrepareLimits
-from .sharing import GpuSharing, NvidiaSmiTimeSlice, SimulatedTimeSlice, state_path
+from .sharing import GpuSharing, state_path
 from .publisher import SlicePublisher
 from .service import RegistrationService, add_dra_services
 from .slices import SliceOptions, device_table
@@ -117,6 +125,27 @@ class DraOptions:
         return self.slices.driver_name
 
 
+@dataclass(frozen=True)
+class NicSide:
+    """The NIC side of one driver, when NICs are attached to pods: the prepare handler, its NRI connection
+    and the claim-status writer (started and stopped by the driver)."""
+
+    pod_network: Any
+    nri: Any
+    status_writer: Any
+
+
+@dataclass(frozen=True)
+class DraParts:
+    """What the driver is given rather than builds (built by `plugin.runtime.compose.dra`)."""
+
+    publisher: SlicePublisher
+    #: The sharing backend, given the path of the file a simulated node keeps time-slices in.
+    sharing: Callable[[str], GpuSharing]
+    #: Builds the NIC side for this driver (called at start, only when NICs with a netdev are served here).
+    nic_side: Callable[[DraDriver], NicSide] | None = None
+
+
 async def _serve(path: str, add: Any) -> grpc.aio.Server:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -132,9 +161,11 @@ async def _serve(path: str, add: Any) -> grpc.aio.Server:
 
 
 class DraDriver:
-    def __init__(self, options: DraOptions, api: Any, cdi: ClaimCdi | None = None, owns_api: bool = False):
+    def __init__(self, options: DraOptions, api: Any, parts: DraParts, cdi: ClaimCdi | None = None,
+                 owns_api: bool = False):
         self.options = options
         self.api = api
+        self.parts = parts
         self.paths = DraPaths(os.path.abspath(options.kubelet_root), options.driver_name,
                               options.instance_id or new_instance_id())
         self.checkpoint = ClaimCheckpoint(self.paths.checkpoint, self.paths.lock, options.driver_name)
@@ -145,7 +176,7 @@ class DraDriver:
                                      ToolkitSpecs(options.toolkit_dirs, options.toolkit_kind, options.toolkit_cdi))
         #: Close the API client on stop (the daemon hands the driver a client of its own).
         self.owns_api = owns_api
-        self.publisher = SlicePublisher(api, options.slices, resync_s=options.resync_s)
+        self.publisher = parts.publisher
         self.registration = RegistrationService(options.driver_name, self.paths.service_socket, self._on_registered)
         #: Device health for the kubelet's pod status (plugin/dra/health_service.py).
         self.health = HealthBoard(options.slices, heartbeat_s=options.health_heartbeat_s)
@@ -205,40 +236,19 @@ class DraDriver:
                                               "endpoint": self.paths.service_socket})
 
     def _sharing(self) -> GpuSharing:
-        if not self.options.real_gpus:
-            return GpuSharing(self.options.driver_name, SimulatedTimeSlice(state_path(self.paths.checkpoint)))
-        from ..sources.nvml_gpus import DiscoveryError, import_nvml  # noqa: PLC0415 (real GPUs only)
-
-        try:
-            nvml = import_nvml()  # for the compute-mode check before a time-slice is set
-        except DiscoveryError:
-            nvml = None
-        return GpuSharing(self.options.driver_name, NvidiaSmiTimeSlice(nvml=nvml))
+        return self.parts.sharing(state_path(self.paths.checkpoint))
 
     def _pod_network(self, topology: NodeTopology) -> ClaimNetwork | None:
         """The NIC side of prepare when NICs are to be attached here (None: `NoNetwork`, nothing attached)."""
-        if self.options.netdev_attach != "auto":
+        if self.options.netdev_attach != "auto" or self.parts.nic_side is None:
             return None
         if not any(d.kind is DeviceKind.NIC and d.attributes.get("netdev")
                    for d in device_table(topology, self.options.slices).values()):
             # GPU-only, or NICs without a network interface (vfio-pci, simulated without `netdev`): nothing of
             # the NIC side runs, not even the NRI connection. Decided at start: a restart picks up new NICs.
             return None
-        from ..netattach import NetAttacher, exists, max_mtu  # noqa: PLC0415 (pyroute2 only where NICs move)
-        from ..nri import NriPlugin  # noqa: PLC0415 (as above)
-        from .claim_status import ClaimStatusWriter  # noqa: PLC0415 (as above)
-        from .pod_network import PodNetwork  # noqa: PLC0415 (as above)
-
-        def probe(netdev: str) -> int | None:
-            return max_mtu(netdev) if exists(netdev) else None
-
-        self._status_writer = ClaimStatusWriter(self.api, self.options.driver_name)
-        self.pod_network = PodNetwork(
-            driver=self.options.driver_name, pool=self.options.slices.pool, checkpoint=self.checkpoint,
-            attacher=NetAttacher(self.paths.netattach_ledger), status=self._status_writer, probe=probe,
-            taken_names=("lo", self.options.pod_primary_interface), connected=lambda: self.nri.connected,
-            nri_socket=self.options.nri_socket)
-        self.nri = NriPlugin(self.options.nri_socket, self.pod_network)
+        side = self.parts.nic_side(self)
+        self.pod_network, self.nri, self._status_writer = side.pod_network, side.nri, side.status_writer
         log.info("NICs are attached to their pods through NRI", extra={"nri_socket": self.options.nri_socket,
                                                                       "ledger": self.paths.netattach_ledger})
         return self.pod_network

@@ -24,7 +24,8 @@ from topo_testkit.fake_nvml import FakeNvml, gpu_node_on_disk
 from topo_testkit.kubelet_standin import KubeletStandin
 
 from plugin.cli import cli
-from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra import DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.cdi import ClaimSpecs
 from plugin.health.options import GpuHealthOptions
 from plugin.model.resources import ResourceOptions
@@ -98,7 +99,7 @@ async def serving(view: str, root: str, apiserver, kube_api, fake=None, roots=No
         opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER, include=include),
                           kubelet_root=os.path.join(root, "k"), cdi_root=os.path.join(root, "cdi"),
                           instance_id="pod-1", resync_s=3600, health_heartbeat_s=3600)
-        return DraDriver(opts, kube_api, cdi=ClaimSpecs(os.path.join(root, "cdi"), DRIVER))
+        return dra_driver(opts, kube_api, cdi=ClaimSpecs(os.path.join(root, "cdi"), DRIVER))
 
     daemon = Daemon(source, DaemonOptions(plugin_dir=plugin_dir), ResourceOptions(dra_resources=dra),
                     dra_factory=make_dra if dra else None)

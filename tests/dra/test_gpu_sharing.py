@@ -20,6 +20,7 @@ from topo_testkit.with_fake_nvml import installed
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.claim_config import OpaqueConfig, configs_for, opaque_configs
 from plugin.dra.gpu_config import API_VERSION, NVIDIA_API_VERSION, GpuConfigError, Interval, parse_gpu_config
@@ -113,7 +114,7 @@ async def driver(roots, kube_api, dgx_h100):
     async def start(real_gpus: bool = False, cdi=None):
         opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=roots[0],
                           cdi_root=roots[1], instance_id=f"pod-{len(started)}", resync_s=3600, real_gpus=real_gpus)
-        drv = DraDriver(opts, kube_api, cdi=cdi)
+        drv = dra_driver(opts, kube_api, cdi=cdi)
         await drv.start(dgx_h100)
         started.append(drv)
         return await register(registration_sockets(roots[0])[-1])

@@ -21,7 +21,8 @@ import yaml
 
 from apiserver_standin import write_kubeconfig
 from kubelet_standin import register, registration_sockets
-from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra import DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.health_service import HEALTH_SERVICES
 from plugin.sources.simulated import builtin_text
@@ -63,7 +64,7 @@ async def next_where(stream, predicate, what: str, limit: int = 200):
 async def test_the_stream_sends_current_health_then_each_change_and_recovery(version, roots, kube_api, dgx_h100):
     opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=f"{roots}/k",
                       cdi_root=f"{roots}/cdi", instance_id="pod-1", resync_s=3600, health_heartbeat_s=3600)
-    drv = DraDriver(opts, kube_api, cdi=ClaimSpecs(f"{roots}/cdi", DRIVER))
+    drv = dra_driver(opts, kube_api, cdi=ClaimSpecs(f"{roots}/cdi", DRIVER))
     await drv.start(dgx_h100)
     try:
         [sock] = registration_sockets(f"{roots}/k")
@@ -105,7 +106,7 @@ async def test_an_unchanged_list_is_repeated_every_heartbeat_so_the_kubelet_neve
         roots, kube_api, dgx_h100):
     opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=f"{roots}/k",
                       cdi_root=f"{roots}/cdi", instance_id="pod-1", resync_s=3600, health_heartbeat_s=0.2)
-    drv = DraDriver(opts, kube_api, cdi=ClaimSpecs(f"{roots}/cdi", DRIVER))
+    drv = dra_driver(opts, kube_api, cdi=ClaimSpecs(f"{roots}/cdi", DRIVER))
     await drv.start(dgx_h100.with_health({next(d.name for d in dgx_h100.devices if d.index == 5
                                                  and d.kind.value == "gpu"): "Unhealthy"}))
     try:
@@ -130,7 +131,7 @@ async def test_the_registration_lists_the_health_services_after_the_dra_versions
     """A kubelet without health support (ResourceHealthStatus off, or 1.34/1.35) still registers us."""
     opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=f"{roots}/k",
                       cdi_root=f"{roots}/cdi", instance_id="pod-1", resync_s=3600)
-    drv = DraDriver(opts, kube_api, cdi=ClaimSpecs(f"{roots}/cdi", DRIVER))
+    drv = dra_driver(opts, kube_api, cdi=ClaimSpecs(f"{roots}/cdi", DRIVER))
     await drv.start(dgx_h100)
     try:
         assert drv.registration.services == ("v1.DRAPlugin", "v1beta1.DRAPlugin", *HEALTH_SERVICES)

@@ -20,6 +20,7 @@ import pytest
 
 from kubelet_standin import KUBELET_137_SERVICES, register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.checkpoint import CheckpointError
 
@@ -51,7 +52,7 @@ async def start_driver(roots, kube_api, dgx_h100):
     async def start(instance: str = "pod-1", topology=None, cdi=None) -> DraDriver:
         opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=roots[0],
                           cdi_root=roots[1], instance_id=instance, resync_s=3600)
-        drv = DraDriver(opts, kube_api, cdi=cdi or CountingCdi(roots[1]))
+        drv = dra_driver(opts, kube_api, cdi=cdi or CountingCdi(roots[1]))
         await drv.start(topology or dgx_h100)
         started.append(drv)
         return drv

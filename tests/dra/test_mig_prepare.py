@@ -14,6 +14,7 @@ import pytest
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.mig_devices import DraMig
 from plugin.dra.mig_prepare import BookEntry, MigBook
@@ -59,7 +60,7 @@ async def start_driver(roots, kube_api, topology, backend):
         mig = DraMig("dynamic", frozenset({0, 1}), placements=inspect.placements)
         opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER, mig=mig), kubelet_root=roots[0],
                           cdi_root=roots[1], instance_id=instance, resync_s=3600, mig_backend=make)
-        drv = DraDriver(opts, kube_api, cdi=cdi)
+        drv = dra_driver(opts, kube_api, cdi=cdi)
         await drv.start(topology)
         started.append(drv)
         return drv

@@ -18,6 +18,7 @@ import pytest
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.slices import build_devices, device_table
 from topo_testkit.nccl_nodes import dgx_h100_ethernet_node, dgx_h100_node, expected_hint, gb300_cx8_dd_node
 from topo_testkit.sysfs_fixture import GeneratedNode, write_node
@@ -42,7 +43,7 @@ async def prepare(roots, kube_api, apiserver):
     async def run(node: GeneratedNode, nccl_env: bool, names: list[tuple[str, str]]) -> dict:
         opts = DraOptions(slices=SLICES, kubelet_root=roots[0], cdi_root=roots[1], resync_s=3600,
                           instance_id=f"pod-{len(drivers)}", nccl_env=nccl_env)
-        drv = DraDriver(opts, kube_api)
+        drv = dra_driver(opts, kube_api)
         await drv.start(node.topology)
         drivers.append(drv)
         plugin = await register(registration_sockets(roots[0])[-1])

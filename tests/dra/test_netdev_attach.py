@@ -21,7 +21,8 @@ import uuid
 import pytest
 
 from kubelet_standin import register, registration_sockets
-from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra import DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.network_config import API_VERSION, KIND
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
@@ -112,7 +113,7 @@ async def cluster(roots, kube_api, nri_runtime_bin):
     async def start(*netdevs: str, runtime: bool = True):
         rt = await NriRuntime.start(nri_runtime_bin, os.path.join(roots, "nri.sock")) if runtime else None
         topo = node_with_netdevs(*netdevs)
-        drv = DraDriver(DraOptions(SliceOptions(node_name=NODE, driver_name=DRIVER),
+        drv = dra_driver(DraOptions(SliceOptions(node_name=NODE, driver_name=DRIVER),
                                    kubelet_root=os.path.join(roots, "kubelet"), cdi_root=os.path.join(roots, "cdi"),
                                    instance_id="pod-1", resync_s=3600, netdev_attach="auto",
                                    nri_socket=os.path.join(roots, "nri.sock")), kube_api)

@@ -33,6 +33,7 @@ from topo_testkit import nvidia_toolkit as tk
 from allocator import AllocationError
 from allocator.topology import Device, DeviceKind
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.model.cdi.toolkit import ToolkitSpecError, ToolkitSpecs, toolkit_name
 from plugin.model.gpu_allocate import GpuAllocateBuilder, GpuAllocateOptions
 from plugin.sources.simulated import load_simulated
@@ -78,7 +79,7 @@ async def start_driver(roots, kube_api):
         opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=roots[0],
                           cdi_root=roots[1], instance_id="pod-1", resync_s=3600, toolkit_cdi=toolkit,
                           toolkit_dirs=tuple(str(d) for d in dirs))
-        drv = DraDriver(opts, kube_api)
+        drv = dra_driver(opts, kube_api)
         await drv.start(load_simulated(SIMULATED))
         started.append(drv)
         return drv

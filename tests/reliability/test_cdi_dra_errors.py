@@ -31,7 +31,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "dra"))
 from apiserver_standin import ApiServerStandIn, write_kubeconfig
 from kubelet_standin import register, registration_sockets
 
-from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra import DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.sources.simulated import load_simulated
 
 pytestmark = pytest.mark.timeout(300)
@@ -54,7 +55,7 @@ async def driver(roots, apiserver, tmp_path):
     api = await kubeconfig_api(write_kubeconfig(tmp_path / "kubeconfig", apiserver.url))
     opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=roots[1],
                       cdi_root=roots[2], instance_id="pod-1", resync_s=3600)
-    drv = DraDriver(opts, api)
+    drv = dra_driver(opts, api)
     await drv.start(load_simulated("dgx-h100"))
     yield drv
     await drv.stop()

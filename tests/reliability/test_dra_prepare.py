@@ -38,6 +38,7 @@ from kubelet_standin import register, registration_sockets
 from plugin.api.dra.v1 import api_pb2 as dra_pb2
 from plugin.api.dra.v1 import api_pb2_grpc as dra_grpc
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.cdi import ClaimSpecs
 from plugin.dra.kubeapi import kubeconfig_api
 from plugin.dra.prepare import PrepareLimits
@@ -82,7 +83,7 @@ async def driver(roots, apiserver, tmp_path):
     async def start(limits: PrepareLimits = PrepareLimits()) -> DraDriver:
         opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=roots[0],
                           cdi_root=roots[1], instance_id="pod-1", resync_s=3600, prepare_limits=limits)
-        drv = DraDriver(opts, api, cdi=CountingCdi(roots[1]))
+        drv = dra_driver(opts, api, cdi=CountingCdi(roots[1]))
         await drv.start(load_simulated("dgx-h100"))
         started.append(drv)
         return drv

@@ -11,7 +11,8 @@ import os
 
 import yaml
 
-from plugin.cli.options import make_source, resolve
+from plugin.cli.options import resolve
+from plugin.cli.typed import make_source
 from plugin.config.flags import options_for
 from plugin.sources.fabric_labels import CLIQUE_LABEL
 from plugin.sources.simulated import builtin_text, load_simulated

@@ -1,0 +1,104 @@
+"""The resolved options (`Settings`, a dict by option name) made into the typed settings the root reads.
+
+Why here, in the CLI: every check that names where a value came from (flag,
+variable, file field: `option_source`) runs while the options are still the
+CLI's, so the error says what to fix; what leaves this module is typed,
+checked and final (`plugin.runtime.compose.settings`). The order of the checks
+is the order start-up always had: `--simulate` and the clique labeller, then
+the resource options, then the DRA side.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..allocation.pod_resources import socket_path
+from ..errors import InputError
+from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS
+from ..model.resources import ResourceOptions
+from ..runtime.compose.settings import DraSettings, Mode, ServeSettings, SourceSettings
+from ..runtime.compose.source import build_source
+from ..sources.base import TopologySource
+from .options import Settings, check_simulate, option_source, resource_options, resource_reloader
+
+
+def source_settings(settings: Settings) -> SourceSettings:
+    """Where the topology comes from; raises the `--simulate` and `--fabric-labels-node` errors."""
+    check_simulate(settings)
+    v = settings.values
+    return SourceSettings(
+        simulate=v.get("simulate") or None, sysfs_root=v["sysfs_root"], dev_root=v["dev_root"],
+        proc_root=v["proc_root"], fail_on_init_error=v["fail_on_init_error"],
+        gpu_health=settings.config.gpu_health, nic_link_health=v["nic_link_health"],
+        fabric_labels_file=v.get("fabric_labels_file") or None, fabric_recheck_s=v.get("fabric_recheck_s") or None,
+        label_node=_label_node(settings))
+
+
+def _label_node(settings: Settings) -> str | None:
+    """With --fabric-labels-node: this node's name, from NODE_NAME (the chart sets it)."""
+    if not settings.values.get("fabric_labels_node"):
+        return None
+    node = os.environ.get("NODE_NAME", "")
+    if not node:
+        raise InputError(f"{option_source(settings, 'fabric_labels_node')}: labelling the Node needs its name in "
+                         "NODE_NAME (fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; "
+                         "the chart does)")
+    return node
+
+
+def dra_settings(settings: Settings) -> DraSettings:
+    """The DRA side's settings; raises for a bad interface name, no NODE_NAME or a bad GPU index."""
+    from ..dra.network_config import is_ifname  # noqa: PLC0415 (DRA mode only)
+
+    v = settings.values
+    if not is_ifname(v["pod_primary_interface"]):
+        raise InputError(f"{option_source(settings, 'pod_primary_interface')}: {v['pod_primary_interface']!r} is not "
+                         "a Linux interface name (fix: 1 to 15 of A-Z a-z 0-9 _ . -, not starting with '.', e.g. eth0)")
+    node = os.environ.get("NODE_NAME", "")
+    if not node:
+        raise InputError(f"{option_source(settings, 'dra_resources')}: DRA mode needs the node's name in NODE_NAME "
+                         "(fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; the chart does)")
+    gpus_text = list(v.get("dra_mig_gpus") or [])
+    bad = [g for g in gpus_text if not str(g).isdigit()]
+    if bad:
+        raise InputError(f"{option_source(settings, 'dra_mig_gpus')}: {', '.join(map(str, bad))} is not a GPU index "
+                         "(fix: list GPU indexes, e.g. 0,1)")
+    kubeconfig = os.environ.get("KUBECONFIG") or None
+    return DraSettings(
+        node_name=node, instance_id=os.environ.get("POD_UID") or None,
+        kubeconfig=None if os.environ.get("KUBERNETES_SERVICE_HOST") else kubeconfig,
+        kubelet_root=v["kubelet_root_dir"], cdi_root=v["cdi_spec_dir"], dev_root=v["dev_root"],
+        proc_root=v["proc_root"], simulated=bool(v["simulate"]), shared_gpus=bool(v["dra_shared_gpus"]),
+        mig_mode=v.get("dra_mig") or "none", mig_gpus=frozenset(int(g) for g in gpus_text) or None,
+        netdev_attach=v["netdev_attach"], nri_socket=v["nri_socket"],
+        pod_primary_interface=v["pod_primary_interface"], nccl_env=bool(v["nccl_env"]),
+        toolkit_cdi=v["dra_toolkit_cdi"], toolkit_dirs=tuple(v.get("toolkit_cdi_dirs") or DEFAULT_TOOLKIT_DIRS),
+        toolkit_kind=f"{v['cdi_vendor']}/{v['cdi_class']}")
+
+
+def mode_of(resources: ResourceOptions) -> Mode:
+    """device-plugin without draResources; dra when every resource the options name (GPU, NIC, NIC pools) is
+    in it; both otherwise. Only a name for the composition: the daemon splits the discovered resources."""
+    if not resources.dra_resources:
+        return "device-plugin"
+    named = {resources.gpu_resource_name, resources.nic_resource_name} | {p.resource_name for p in resources.nic_pools}
+    return "dra" if named <= resources.dra_resources else "both"
+
+
+def serve_settings(settings: Settings) -> ServeSettings:
+    """`serve`'s typed settings; raises the same `InputError`s, in the same order, start-up always gave."""
+    v = settings.values
+    source = source_settings(settings)
+    resources = resource_options(settings)
+    mode = mode_of(resources)
+    return ServeSettings(
+        mode=mode, source=source, resources=resources, reload_resources=resource_reloader(settings),
+        plugin_dir=v["device_plugin_path"] or os.path.join(v["kubelet_root_dir"], "device-plugins"),
+        metrics_address=v["metrics_address"], config_path=settings.config.path, cdi_spec_dir=v["cdi_spec_dir"],
+        pod_resources_socket=socket_path(v["kubelet_root_dir"]) if v["pod_resources"] else None,
+        dra=dra_settings(settings) if mode != "device-plugin" else None)
+
+
+def make_source(settings: Settings) -> TopologySource:
+    """The topology source of an offline command (`discover`, `allocate`, `explain`, the demo), built by the root."""
+    return build_source(source_settings(settings))
