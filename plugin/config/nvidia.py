@@ -13,7 +13,7 @@ would expect (docs/sharing.md, "NVIDIA compatibility"):
   field and the fix (`nvidiaDriverRoot: /` yes, another root no; the
   GPUDirect switches off yes, on no; `volume-mounts` no).
 - **ignored with a warning**: settings of NVIDIA's own machinery that have no
-  effect here (`nvidiaCTKPath`, `mpsRoot`, ...), and NVIDIA's `resources`
+  effect here (`nvidiaCTKPath`, ...), and NVIDIA's `resources`
   renaming, which NVIDIA itself ignores with a warning. The `gfd` section
   belongs to gpu-feature-discovery, which shares the file: logged at info.
 """
@@ -67,7 +67,6 @@ _MAPPED = {"deviceListStrategy": "deviceListStrategy", "deviceIDStrategy": "devi
 _IGNORED = {
     ("plugin", "nvidiaCTKPath"): "our CDI specs need no NVIDIA hook",
     ("plugin", "containerDriverRoot"): "our CDI specs mount no driver files",
-    ("mpsRoot",): "MPS is not supported (docs/sharing.md)",
     ("useNodeFeatureAPI",): "it is a gpu-feature-discovery setting",
 }
 
@@ -128,6 +127,8 @@ def translate(flags: Mapping[str, Any]) -> dict[str, Any]:
             raise _refuse(["plugin", theirs], f"{value!r} contradicts flags.{ours}: {out[ours]!r}",
                           f"keep one of flags.plugin.{theirs} and flags.{ours}")
         out[ours] = value
+    if flags.get("mpsRoot"):  # NVIDIA's key is our --mps-root option, same name and meaning
+        out["mpsRoot"] = flags["mpsRoot"]
     for path, why in _IGNORED.items():
         section: Any = flags
         for part in path:
