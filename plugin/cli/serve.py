@@ -140,7 +140,7 @@ def serve(settings: Settings) -> None:
     daemon = Daemon(
         source,
         DaemonOptions(plugin_dir=plugin_dir, metrics_address=v["metrics_address"], config_path=settings.config.path,
-                      cdi_spec_dir=v["cdi_spec_dir"],
+                      cdi_spec_dir=v["cdi_spec_dir"], mps_control_binary=v["mps_control_binary"],
                       pod_resources_socket=socket_path(v["kubelet_root_dir"]) if v["pod_resources"] else None),
         options,
         reload_resources=resource_reloader(settings),

@@ -43,7 +43,7 @@ from .mps_allocate import DEFAULT_HOST_ROOT, MpsAllocateBuilder, MpsPaths
 from ..config.sharing import MAX_REPLICAS, SharedResource, SharingError, TimeSlicing, \
     device_limit_reason, qualify
 from ..errors import OptionError
-from .resource import Resource, ResourceDevice
+from .resource import AllocateBuilder, Resource, ResourceDevice
 from .resource_names import check_resource_name
 
 #: The policy of every replica resource (`allocator.policies.get_policy`).
@@ -230,8 +230,8 @@ def apply_time_slicing(resources: list[Resource], ts: TimeSlicing | None, gpu_re
                             for d in r.devices for k in range(p.counts.get(d.id, 0)))
             graph = replica_graph(r.graph, {i: p.counts.get(i, 0) for i in r.graph.ids})
             assert graph.ids == tuple(d.id for d in devices), "replica devices follow the graph's order"
-            builder: object = ReplicaAllocateBuilder(make_builder(p.target), p.target,
-                                                     ts.fail_requests_greater_than_one)
+            builder: AllocateBuilder = ReplicaAllocateBuilder(make_builder(p.target), p.target,
+                                                              ts.fail_requests_greater_than_one)
             if ts.mps:
                 builder = MpsAllocateBuilder(
                     ReplicaAllocateBuilder(make_builder(p.target), p.target, True,
