@@ -61,7 +61,8 @@ def dra_factory(settings: Settings) -> DraFactory:
                                     netdev_attach=v["netdev_attach"], nri_socket=v["nri_socket"],
                                     pod_primary_interface=v["pod_primary_interface"], nccl_env=bool(v["nccl_env"]),
                                     toolkit_cdi=v["dra_toolkit_cdi"], toolkit_dirs=toolkit_dirs(settings),
-                                    toolkit_kind=f"{v['cdi_vendor']}/{v['cdi_class']}"),
+                                    toolkit_kind=f"{v['cdi_vendor']}/{v['cdi_class']}",
+                                    mps_root=v["mps_root"], mps_control_binary=v["mps_control_binary"]),
                          api, owns_api=True)
 
     return make
