@@ -38,7 +38,6 @@ _LIST = {"enum": list(_NVIDIA_LIST_STRATEGIES)}
 FLAG_PROPERTIES: dict[str, Any] = {
     "nvidiaDriverRoot": {"type": "string"},
     "nvidiaDevRoot": {"type": "string"},
-    "mpsRoot": {"type": "string"},
     "gdrcopyEnabled": {"type": "boolean"},
     "gdsEnabled": {"type": "boolean"},
     "mofedEnabled": {"type": "boolean"},
@@ -127,8 +126,6 @@ def translate(flags: Mapping[str, Any]) -> dict[str, Any]:
             raise _refuse(["plugin", theirs], f"{value!r} contradicts flags.{ours}: {out[ours]!r}",
                           f"keep one of flags.plugin.{theirs} and flags.{ours}")
         out[ours] = value
-    if flags.get("mpsRoot"):  # NVIDIA's key is our --mps-root option, same name and meaning
-        out["mpsRoot"] = flags["mpsRoot"]
     for path, why in _IGNORED.items():
         section: Any = flags
         for part in path:
