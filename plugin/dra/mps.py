@@ -22,7 +22,7 @@ claim's unprepare quits it. Who holds which daemon is kept in
 daemon with its last claim.
 
 Containers get, through the claim's CDI spec for that GPU: the pipe directory
-mounted at `/mps/dra-<UUID>/pipe`, `CUDA_MPS_PIPE_DIRECTORY`, and the claim's
+mounted at `/mps/dra-<UUID>/pipe`, `<mps root>/shm` at `/dev/shm`, `CUDA_MPS_PIPE_DIRECTORY`, and the claim's
 `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` / `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M`
 (one GPU per CDI device, so ordinal 0) where the config sets them.
 """
@@ -42,6 +42,7 @@ from allocator.topology import Device
 
 from ..atomic_file import replace_file
 from ..model.cdi.spec import Edits, Mount
+from ..model.mps_allocate import SHM_DIR
 from ..mps.control import DaemonSpec, MpsControl, MpsControlError, default_commands
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,9 @@ class ClaimMpsDaemons:
         pinned = settings.pinned_for(gpu)
         if pinned:
             env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={pinned}M")
-        return Edits(env=tuple(env), mounts=(Mount(spec.pipe_dir, inside),))
+        # /dev/shm: where MPS clients meet their server (plugin.model.mps_allocate says why).
+        return Edits(env=tuple(env), mounts=(Mount(spec.pipe_dir, inside),
+                                             Mount(os.path.join(self.mps_root, "shm"), SHM_DIR)))
 
     def acquire(self, uid: str, wanted: Mapping[str, tuple[Device, MpsSettings]]) -> dict[str, Edits]:
         """The claim `uid` joins the daemon of each GPU in `wanted` (started if none runs); its CDI edits.

@@ -11,6 +11,10 @@ What is added, as NVIDIA's device plugin hands it out (k8s-device-plugin
 - the host's `<mps root>/<resource>/pipe` mounted at `/mps/<resource>/pipe`
   (read-write: clients create their own pipes in it) and `CUDA_MPS_PIPE_DIRECTORY`
   naming it, so CUDA in the container talks to our daemon;
+- the host's `<mps root>/shm` mounted at `/dev/shm`: MPS clients and their
+  server meet in POSIX shared memory, so the container's `/dev/shm` must be the
+  server's (the chart mounts the same directory at the daemon's `/dev/shm`, as
+  NVIDIA's chart does for its control daemon);
 - `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`: 100 / replicas, the share of the GPU's
   SMs one replica stands for (the most-shared GPU of the request decides);
 - `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: `<ordinal>=<MiB>M` per GPU, the GPU's
@@ -38,6 +42,8 @@ from .allocate_response import ContainerAllocation, HostMount
 #: Where containers see the MPS directories (NVIDIA's `ContainerRoot`).
 CONTAINER_ROOT = "/mps"
 DEFAULT_HOST_ROOT = "/run/nvidia/mps"
+#: Where MPS clients and servers keep their shared memory.
+SHM_DIR = "/dev/shm"
 
 
 def resource_dir(resource: str) -> str:
@@ -59,6 +65,11 @@ class MpsPaths:
     @property
     def host_log_dir(self) -> str:
         return os.path.join(self.host_root, resource_dir(self.resource), "log")
+
+    @property
+    def host_shm_dir(self) -> str:
+        """Shared by every resource's daemon and its clients (NVIDIA's `Root.ShmDir`)."""
+        return os.path.join(self.host_root, "shm")
 
     @property
     def container_pipe_dir(self) -> str:
@@ -110,4 +121,5 @@ class MpsAllocateBuilder:
         shares = [MpsShare(self.replicas.get(p, 1), d.memory_mib) for p, d in seen.items()]
         out.envs.update(client_env(self.paths.container_pipe_dir, shares))
         out.mounts.append(HostMount(self.paths.container_pipe_dir, self.paths.host_pipe_dir, read_only=False))
+        out.mounts.append(HostMount(SHM_DIR, self.paths.host_shm_dir, read_only=False))
         return out

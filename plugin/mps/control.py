@@ -93,6 +93,9 @@ class MpsControl:
         """`nvidia-cuda-mps-control -d` with the spec's environment (it returns once the daemon runs)."""
         os.makedirs(spec.pipe_dir, mode=0o755, exist_ok=True)
         os.makedirs(spec.log_dir, mode=0o755, exist_ok=True)
+        # The clients' /dev/shm (plugin.model.mps_allocate); the chart mounts it at the daemon's /dev/shm too.
+        os.makedirs(os.path.join(os.path.dirname(os.path.dirname(spec.pipe_dir.rstrip("/"))), "shm"),
+                    mode=0o1777, exist_ok=True)
         self._run(spec, ["-d"], None)
 
     def command(self, spec: DaemonSpec, text: str) -> str:

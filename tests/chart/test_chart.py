@@ -1038,6 +1038,7 @@ def test_mps_root_is_mounted_at_the_hosts_path_when_set(helm, tmp_path):
     mounts = {m["name"]: m for m in r.container["volumeMounts"]}
     assert volumes["mps-root"] == {"path": "/run/nvidia/mps", "type": "DirectoryOrCreate"}
     assert mounts["mps-root"]["mountPath"] == "/run/nvidia/mps" and not mounts["mps-root"].get("readOnly")
+    assert volumes["mps-shm"]["path"] == "/run/nvidia/mps/shm" and mounts["mps-shm"]["mountPath"] == "/dev/shm"
     plain = render(helm, tmp_path, {})
     assert "mps-root" not in {v["name"] for v in plain.pod_spec["volumes"]}
     mps = render(helm, tmp_path, {"config": {"sharing": {"mps": {"resources": [

@@ -84,6 +84,7 @@ async def test_replicas_turn_healthy_once_the_control_daemon_has_its_defaults(ku
     assert resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={mib}M"
     mounts = [(m.container_path, m.host_path, m.read_only) for m in resp.mounts]
     assert ("/mps/nvidia.com_gpu/pipe", str(root / "nvidia.com_gpu" / "pipe"), False) in mounts
+    assert ("/dev/shm", str(root / "shm"), False) in mounts  # where MPS clients meet their server
 
     two = [i for i in kubelet.devices(GPU) if i.startswith(uuids[0])][:1] + [replica]
     try:

@@ -102,6 +102,8 @@ async def test_two_claims_on_a_gpu_share_one_control_daemon_which_quits_with_the
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == inside
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
     assert mounts == [{"hostPath": os.path.join(roots[2], f"dra-{uuid}", "pipe"), "containerPath": inside,
+                       "options": ["rbind", "rw"]},
+                      {"hostPath": os.path.join(roots[2], "shm"), "containerPath": "/dev/shm",
                        "options": ["rbind", "rw"]}]
     log = told(roots, uuid)
     assert log[0] == {"event": "start", "pid": log[0]["pid"], "CUDA_VISIBLE_DEVICES": uuid}

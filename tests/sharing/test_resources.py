@@ -213,7 +213,8 @@ def test_mps_replicas_are_served_like_time_slicing_with_the_share_in_each_alloca
     assert a.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "33"
     assert memory and a.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={memory // 3}M"
     assert [(m.container_path, m.host_path, m.read_only) for m in a.mounts] == [
-        ("/mps/nvidia.com_gpu.shared/pipe", "/run/nvidia/mps/nvidia.com_gpu.shared/pipe", False)]
+        ("/mps/nvidia.com_gpu.shared/pipe", "/run/nvidia/mps/nvidia.com_gpu.shared/pipe", False),
+        ("/dev/shm", "/run/nvidia/mps/shm", False)]
     with pytest.raises(AllocationError, match="sharing.mps shares a GPU one replica per container"):
         r.allocate(["0::0", "1::0"])
 
