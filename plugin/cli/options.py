@@ -227,6 +227,7 @@ def resource_options(settings: Settings) -> ResourceOptions:
         nccl_env=bool(v["nccl_env"]),
         mig_strategy=v["mig_strategy"],
         time_slicing=settings.config.time_slicing,
+        mps_root=v["mps_root"],
     )
     if not options.gpu_allocate.pass_device_specs and not options.gpu_allocate.uses_cdi:
         # NVIDIA's default is false with envvar (its runtime hook makes the nodes); here nodes still come from us.

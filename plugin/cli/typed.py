@@ -73,7 +73,8 @@ def dra_settings(settings: Settings) -> DraSettings:
         netdev_attach=v["netdev_attach"], nri_socket=v["nri_socket"],
         pod_primary_interface=v["pod_primary_interface"], nccl_env=bool(v["nccl_env"]),
         toolkit_cdi=v["dra_toolkit_cdi"], toolkit_dirs=tuple(v.get("toolkit_cdi_dirs") or DEFAULT_TOOLKIT_DIRS),
-        toolkit_kind=f"{v['cdi_vendor']}/{v['cdi_class']}")
+        toolkit_kind=f"{v['cdi_vendor']}/{v['cdi_class']}",
+        mps_root=v["mps_root"], mps_control_binary=v["mps_control_binary"])
 
 
 def mode_of(resources: ResourceOptions) -> Mode:
@@ -96,6 +97,7 @@ def serve_settings(settings: Settings) -> ServeSettings:
         plugin_dir=v["device_plugin_path"] or os.path.join(v["kubelet_root_dir"], "device-plugins"),
         metrics_address=v["metrics_address"], config_path=settings.config.path, cdi_spec_dir=v["cdi_spec_dir"],
         pod_resources_socket=socket_path(v["kubelet_root_dir"]) if v["pod_resources"] else None,
+        mps_control_binary=v["mps_control_binary"],
         dra=dra_settings(settings) if mode != "device-plugin" else None)
 
 

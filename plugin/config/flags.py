@@ -238,6 +238,13 @@ OPTIONS: tuple[Option, ...] = (
            kind="path", default="/var/run/cdi", commands=SERVE, chart_managed=True, target=S),
     Option("cdi_vendor", "CDI vendor of the names with --cdi-specs external and --dra-toolkit-cdi.",
            default="nvidia.com", target=R),
+    Option("mps_root", "Host directory of the MPS control daemons (sharing.mps, DRA MPS claims): each shared "
+           "resource gets <root>/<resource>/pipe and /log; containers get the pipe directory mounted at "
+           "/mps/<resource>/pipe (NVIDIA's mpsRoot; docs/sharing.md).", kind="path", default="/run/nvidia/mps",
+           target=R),
+    Option("mps_control_binary", "The MPS control program the daemon starts and talks to (NVIDIA's "
+           "nvidia-cuda-mps-control, looked up on PATH unless a path is given).", default="nvidia-cuda-mps-control",
+           commands=SERVE, target=S),
     Option("cdi_class", "CDI class of the names with --cdi-specs external and --dra-toolkit-cdi.", default="gpu",
            target=R),
     Option("toolkit_cdi_dirs", "Where the CDI spec of NVIDIA's container toolkit is looked for (comma separated): "

@@ -13,7 +13,7 @@ would expect (docs/sharing.md, "NVIDIA compatibility"):
   field and the fix (`nvidiaDriverRoot: /` yes, another root no; the
   GPUDirect switches off yes, on no; `volume-mounts` no).
 - **ignored with a warning**: settings of NVIDIA's own machinery that have no
-  effect here (`nvidiaCTKPath`, `mpsRoot`, ...), and NVIDIA's `resources`
+  effect here (`nvidiaCTKPath`, ...), and NVIDIA's `resources`
   renaming, which NVIDIA itself ignores with a warning. The `gfd` section
   belongs to gpu-feature-discovery, which shares the file: logged at info.
 """
@@ -38,7 +38,6 @@ _LIST = {"enum": list(_NVIDIA_LIST_STRATEGIES)}
 FLAG_PROPERTIES: dict[str, Any] = {
     "nvidiaDriverRoot": {"type": "string"},
     "nvidiaDevRoot": {"type": "string"},
-    "mpsRoot": {"type": "string"},
     "gdrcopyEnabled": {"type": "boolean"},
     "gdsEnabled": {"type": "boolean"},
     "mofedEnabled": {"type": "boolean"},
@@ -67,7 +66,6 @@ _MAPPED = {"deviceListStrategy": "deviceListStrategy", "deviceIDStrategy": "devi
 _IGNORED = {
     ("plugin", "nvidiaCTKPath"): "our CDI specs need no NVIDIA hook",
     ("plugin", "containerDriverRoot"): "our CDI specs mount no driver files",
-    ("mpsRoot",): "MPS is not supported (docs/sharing.md)",
     ("useNodeFeatureAPI",): "it is a gpu-feature-discovery setting",
 }
 

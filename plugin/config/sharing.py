@@ -12,9 +12,15 @@ a rule that can only be checked against the node's devices (in
 
 Where we differ from NVIDIA: `rename` and `devices` are honoured (NVIDIA
 parses them but ignores them with a "not yet supported" warning),
-`sharing.mps` is refused (MPS needs NVIDIA's MPS control daemon; out of scope),
 and a node advertises at most `MAX_REPLICAS` replicas (NVIDIA has no bound;
 a larger list never reaches the kubelet, see there).
+
+`sharing.mps` (NVIDIA's MPS, the same shape) reads into the same `TimeSlicing` with `strategy` `mps`: the replicas are built
+the same way, and `plugin.model.mps_allocate` adds what a container needs to
+reach the MPS control daemon (`plugin.mps` runs it). As in NVIDIA's plugin, a
+request for more than one MPS replica is always refused
+(`failRequestsGreaterThanOne` is implied, whatever the file says), and both sections at once are refused
+(one GPU cannot be time-sliced and under MPS at once).
 """
 
 from __future__ import annotations
@@ -90,11 +96,24 @@ class SharedResource:
     where: str = "sharing.timeSlicing.resources"
 
 
+#: `TimeSlicing.strategy` values: the config section each one came from.
+TIME_SLICING = "timeSlicing"
+MPS = "mps"
+
+
 @dataclass(frozen=True)
 class TimeSlicing:
+    """Replicated GPUs: `sharing.timeSlicing`, or `sharing.mps` (`strategy`), as read."""
+
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     resources: tuple[SharedResource, ...] = ()
+    #: `TIME_SLICING` or `MPS`: which section the replicas come from.
+    strategy: str = TIME_SLICING
+
+    @property
+    def mps(self) -> bool:
+        return self.strategy == MPS
 
     def target(self, entry: SharedResource, domain: str) -> str:
         """The resource the entry's replicas are served as: `rename`, else `<name>.shared` with
@@ -121,23 +140,28 @@ def parse_sharing(section: Mapping[str, Any] | None, root: yaml.Node | None, pat
     """The schema-checked `sharing:` section -> `TimeSlicing` (None when there is none)."""
     if not section:
         return None
-    if section.get("mps") is not None:
+    ts, mps = section.get("timeSlicing"), section.get("mps")
+    if ts and mps:
         line = line_of(root, ["sharing", "mps"])
         raise SharingError(
-            f"{path}:{line}: field sharing.mps: MPS sharing is not supported: it needs NVIDIA's MPS control "
-            "daemon (fix: remove sharing.mps, or share GPUs by time-slicing with sharing.timeSlicing; "
-            "see docs/sharing.md)")
-    ts = section.get("timeSlicing")
-    if not ts:
-        return None
+            f"{path}:{line}: field sharing.mps: a config cannot share GPUs both by time-slicing and by MPS "
+            "(fix: keep sharing.timeSlicing or sharing.mps, not both; see docs/sharing.md)")
+    if mps:
+        return _replicated(mps, MPS, root, path)
+    if ts:
+        return _replicated(ts, TIME_SLICING, root, path)
+    return None
+
+
+def _replicated(body: Mapping[str, Any], key: str, root: yaml.Node | None, path: str) -> TimeSlicing:
     entries = []
-    for i, raw in enumerate(ts["resources"]):
-        where = f"{path}:{line_of(root, ['sharing', 'timeSlicing', 'resources', i])}: field " \
-                f"sharing.timeSlicing.resources[{i}]"
+    for i, raw in enumerate(body["resources"]):
+        where = f"{path}:{line_of(root, ['sharing', key, 'resources', i])}: field " \
+                f"sharing.{key}.resources[{i}]"
         if raw["replicas"] > MAX_REPLICAS:  # before anything is built: no node can serve it
-            line = line_of(root, ["sharing", "timeSlicing", "resources", i, "replicas"])
+            line = line_of(root, ["sharing", key, "resources", i, "replicas"])
             raise SharingError(
-                f"{path}:{line}: field sharing.timeSlicing.resources[{i}].replicas: {raw['replicas']} is more than "
+                f"{path}:{line}: field sharing.{key}.resources[{i}].replicas: {raw['replicas']} is more than "
                 f"the {MAX_REPLICAS} replicas one resource may advertise ({device_limit_reason()}) "
                 f"(fix: lower replicas so that replicas x the devices the entry shares stays within "
                 f"{MAX_REPLICAS}: {MAX_REPLICAS // 8} on a node of 8 GPUs)")
@@ -151,7 +175,9 @@ def parse_sharing(section: Mapping[str, Any] | None, root: yaml.Node | None, pat
         entries.append(SharedResource(name=raw["name"], replicas=raw["replicas"], rename=raw.get("rename") or None,
                                       devices=selection, where=where))
     return TimeSlicing(
-        rename_by_default=bool(ts.get("renameByDefault", False)),
-        fail_requests_greater_than_one=bool(ts.get("failRequestsGreaterThanOne", False)),
+        rename_by_default=bool(body.get("renameByDefault", False)),
+        # NVIDIA's MPS has no such key: a container gets one replica, its share of one GPU.
+        fail_requests_greater_than_one=key == MPS or bool(body.get("failRequestsGreaterThanOne", False)),
         resources=tuple(entries),
+        strategy=key,
     )

@@ -50,6 +50,7 @@ from allocator.pairing import pair_weight
 from allocator.topology import Device, DeviceKind, NodeTopology
 
 from ..model.cdi import CdiOptions, CdiSpecWriter, claim_spec
+from ..model.cdi.spec import Edits
 from ..model.cdi.toolkit import ToolkitSpecs
 from ..model.cdi.writer import CdiWriteError
 from ..model.nccl_env import nccl_env
@@ -88,9 +89,11 @@ def _dir_error(e: CdiWriteError) -> CdiDirError:
 
 class ClaimCdi(Protocol):
     def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]],
-                         settings: Mapping[str, Mapping[str, str]] | None = None) -> list[list[str]]:
+                         settings: Mapping[str, Mapping[str, str]] | None = None,
+                         edits: Mapping[str, Edits] | None = None) -> list[list[str]]:
         """Write the claim's spec; `devices` are (slice device name, Device); `settings` adds env per device
-        ({name: {suffix: value}} -> `TOPO_DEV_<NAME>_<SUFFIX>=value`); returns CDI IDs per device."""
+        ({name: {suffix: value}} -> `TOPO_DEV_<NAME>_<SUFFIX>=value`), `edits` env and mounts as they are
+        (MPS: `plugin.dra.mps`); returns CDI IDs per device."""
         ...
 
     def remove_claim_spec(self, claim_uid: str) -> None: ...
@@ -141,13 +144,17 @@ class ClaimSpecs:
         return os.path.join(self.writer.directory, self.file_name(claim_uid))
 
     def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]],
-                         settings: Mapping[str, Mapping[str, str]] | None = None) -> list[list[str]]:
+                         settings: Mapping[str, Mapping[str, str]] | None = None,
+                         edits: Mapping[str, Edits] | None = None) -> list[list[str]]:
         check_claim_uid(claim_uid)
         # Before anything is written: a claim the toolkit's spec cannot serve leaves nothing behind.
         toolkit = self.toolkit.resolve(d for _, d in devices) if self.toolkit else [[] for _ in devices]
         named = [(f"{claim_uid}-{name}", d) for name, d in devices]
-        env = [device_env(name, d) + setting_env(name, (settings or {}).get(name, {})) for name, d in devices]
-        spec = claim_spec(self.kind, named, self.options, env, self.claim_env([d for _, d in devices]))
+        extra = edits or {}
+        env = [device_env(name, d) + setting_env(name, (settings or {}).get(name, {}))
+               + list(extra[name].env if name in extra else ()) for name, d in devices]
+        mounts = [extra[name].mounts if name in extra else () for name, _ in devices]
+        spec = claim_spec(self.kind, named, self.options, env, self.claim_env([d for _, d in devices]), mounts)
         try:
             self.writer.write(spec, self.file_name(claim_uid))
         except CdiWriteError as e:

@@ -55,7 +55,9 @@ from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS, TOOLKIT_STRATEGIES, Toolki
 from .cdi import ClaimCdi, ClaimSpecs
 from .checkpoint import ClaimCheckpoint
 from .health_service import HealthBoard
+from ..mps.control import MpsControl
 from .mig_prepare import CapsFor, MigPreparer, simulated_caps
+from .mps import ClaimMpsDaemons
 from .paths import DraPaths, new_instance_id
 from .prepare import ClaimNetwork, ClaimPreparer, PrepareLimits
 from .sharing import GpuSharing, state_path
@@ -100,6 +102,9 @@ class DraOptions:
     #: GPUs are real (NVML): claim time-slices are set with nvidia-smi; otherwise (simulated nodes) they are
     #: kept in a file beside the checkpoint (plugin/dra/sharing.py).
     real_gpus: bool = False
+    #: MPS claims: the control daemons' host directory (`--mps-root`) and program (`--mps-control-binary`).
+    mps_root: str = "/run/nvidia/mps"
+    mps_control_binary: str = "nvidia-cuda-mps-control"
     #: `auto`: move prepared NICs into their pods through NRI when NICs are served here; `off`: never
     #: (`--netdev-attach`; the library default is off, the daemon's flag defaults to auto).
     netdev_attach: str = "off"
@@ -223,7 +228,9 @@ class DraDriver:
         self.preparer = preparer = ClaimPreparer(
             options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi, read_claim=self.api.get_claim,
             topology=lambda: self.topology, limits=self.options.prepare_limits, mig=self.mig,
-            sharing=self._sharing(), network=network)
+            sharing=self._sharing(), network=network,
+            mps=ClaimMpsDaemons(os.path.dirname(self.paths.checkpoint), self.options.mps_root,
+                                MpsControl(self.options.mps_control_binary)))
         self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer, self.health))
         self._registrar = await _serve(self.paths.registration_socket,
                                        lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))

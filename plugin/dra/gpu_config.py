@@ -22,9 +22,9 @@ is NVIDIA's business and is never read here). Both mean the same.
 What is refused, with the entry, the field and the fix (the claim is not
 prepared; the kubelet shows the message in the pod's events): an unknown
 apiVersion for `kind: GpuConfig`, unknown fields (a typo must not silently
-mean "no sharing"), a strategy other than TimeSlicing (MPS needs NVIDIA's MPS
-control daemon, which we do not run), an interval outside the four names, and
-`mpsConfig` next to TimeSlicing. Configs of other kinds are other parsers'
+mean "no sharing"), a strategy other than TimeSlicing or MPS, an interval
+outside the four names, `mpsConfig` next to TimeSlicing and `timeSlicingConfig`
+next to MPS. `strategy: MPS` and its `mpsConfig` are read by `plugin.dra.mps`. Configs of other kinds are other parsers'
 (e.g. NIC configs); this module only reads `kind: GpuConfig`.
 """
 
@@ -36,6 +36,7 @@ from enum import Enum
 from typing import Any
 
 from .claim_config import OpaqueConfig, configs_for
+from .mps import MpsConfigError, MpsSettings, parse_mps_config
 
 KIND = "GpuConfig"
 API_VERSION = "gpu.topo-device-plugin.io/v1alpha1"
@@ -73,6 +74,8 @@ class GpuConfig:
     timeslice: Interval | None
     #: Where it came from, for messages.
     where: str
+    #: `strategy: MPS`: the claim's MPS limits (None: not MPS).
+    mps: MpsSettings | None = None
 
 
 def _fields(obj: Any, where: str, allowed: Sequence[str]) -> dict[str, Any]:
@@ -101,11 +104,17 @@ def parse_gpu_config(entry: OpaqueConfig) -> GpuConfig | None:
     sharing = _fields(sharing, f"{where}.sharing", ("strategy", "timeSlicingConfig", "mpsConfig"))
     strategy = sharing.get("strategy")
     if strategy == MPS:
-        raise GpuConfigError(f"{where}.sharing.strategy: MPS is not supported by this driver (it needs NVIDIA's "
-                             "MPS control daemon per claim) (fix: strategy: TimeSlicing)")
+        if sharing.get("timeSlicingConfig") is not None:
+            raise GpuConfigError(f"{where}.sharing.timeSlicingConfig: cannot be used with strategy MPS "
+                                 "(fix: remove timeSlicingConfig, or use strategy: TimeSlicing)")
+        try:
+            return GpuConfig(timeslice=None, where=entry.where,
+                             mps=parse_mps_config(sharing.get("mpsConfig"), f"{where}.sharing.mpsConfig"))
+        except MpsConfigError as e:
+            raise GpuConfigError(str(e)) from None
     if strategy != TIME_SLICING:
         raise GpuConfigError(f"{where}.sharing.strategy: {strategy!r} is not a sharing strategy "
-                             f"(fix: strategy: {TIME_SLICING})")
+                             f"(fix: strategy: {TIME_SLICING} or {MPS})")
     if sharing.get("mpsConfig") is not None:
         raise GpuConfigError(f"{where}.sharing.mpsConfig: cannot be used with strategy TimeSlicing "
                              "(fix: remove mpsConfig)")

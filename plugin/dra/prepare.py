@@ -55,6 +55,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -62,12 +63,16 @@ from typing import Any, NamedTuple, Protocol, Union
 
 from allocator.topology import Device, NodeTopology
 
+from ..model.mps_allocate import DEFAULT_HOST_ROOT
+from ..mps.control import MpsControl
 from ..sources.mig_instances import MigError
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from .gpu_config import Interval
 from .kubeapi import KubeApiUnreachable
 from .mig_prepare import MigPreparer
+from .mps import ClaimMpsDaemons, MpsSettings
+from .mps_claims import MpsRefused, mps_wanted
 from .network_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
 from .network_conflicts import check_conflicts
 from .sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
@@ -94,6 +99,8 @@ class Planned(NamedTuple):
     networks: dict[str, NicNetwork]
     #: The pods the claim is reserved for (their sandboxes get its NICs).
     pods: tuple[str, ...]
+    #: The GPUs its GpuConfig puts under MPS, with their limits (plugin/dra/mps.py).
+    mps: dict[str, tuple[Device, MpsSettings]] = {}
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,8 @@ class ClaimPreparer:
     def __init__(self, *, options: SliceOptions, checkpoint: ClaimCheckpoint, cdi: ClaimCdi,
                  read_claim: ClaimReader, topology: Callable[[], NodeTopology],
                  limits: PrepareLimits = PrepareLimits(), mig: MigPreparer | None = None,
-                 sharing: GpuSharing | None = None, network: ClaimNetwork | None = None):
+                 sharing: GpuSharing | None = None, network: ClaimNetwork | None = None,
+                 mps: ClaimMpsDaemons | None = None):
         self.options = options
         self.network: ClaimNetwork = network or NoNetwork(options.driver_name)
         #: Dynamic MIG: creates a claim's MIG instances before its CDI spec is written (plugin/dra/mig_prepare.py).
@@ -204,6 +212,8 @@ class ClaimPreparer:
         #: GPU time-slicing through claim config; simulated GPUs' settings go to a file beside the checkpoint.
         self.sharing = sharing or GpuSharing(options.driver_name, SimulatedTimeSlice(state_path(checkpoint.path)))
         self.checkpoint = checkpoint
+        #: MPS through claim config: one control daemon per GPU, held by the claims sharing it.
+        self.mps = mps or ClaimMpsDaemons(os.path.dirname(checkpoint.path), DEFAULT_HOST_ROOT, MpsControl())
         self.cdi = cdi
         self.read_claim = read_claim
         self.topology = topology
@@ -292,7 +302,7 @@ class ClaimPreparer:
         """Under the checkpoint lock: write the batch's CDI specs and record the batch (one file write)."""
         done: dict[str, Outcome] = {}
         holders: Holders | None = None  # who holds a time-slice on which GPU: built once per batch, when needed
-        for ref, (allocated, shares, wants, networks, pods) in ready:
+        for ref, (allocated, shares, wants, networks, pods, mps) in ready:
             if ref.uid in claims:  # another call or instance prepared it meanwhile
                 done[ref.uid] = claims[ref.uid]
                 continue
@@ -320,9 +330,13 @@ class ClaimPreparer:
                 # the pod is named there as its NicConfig says: its env (and the NCCL hint) give that name.
                 in_pod = {name: _renamed(dev, networks[name].pod_name) if name in networks else dev
                           for name, dev in devices.items()}
+                # MPS: the claim joins (or starts) each GPU's control daemon; its spec gets the pipe and limits.
+                mps_edits = {"edits": self.mps.acquire(ref.uid, mps)} if mps else {}
                 cdi_ids = dict(zip(devices, self.cdi.write_claim_spec(ref.uid, list(in_pod.items()),
-                                                                      device_settings(wants))))
+                                                                      device_settings(wants), **mps_edits)))
             except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
+                if mps:
+                    self.mps.release(ref.uid)
                 done[ref.uid] = e if self.mig is None else self._undo_mig(ref.uid, e)
                 if wants and holders is not None:  # nothing records the setting just applied: undo it where no
                     self.sharing.release({n: devices[n] for n in wants}, holders)  # other claim holds one
@@ -358,7 +372,8 @@ class ClaimPreparer:
             allocated, shares = self._allocated_devices(ref, claim, table)
             try:
                 wants = self.sharing.wanted(claim, allocated)
-            except SharingRefused as e:
+                mps = mps_wanted(claim, allocated, self.options.driver_name)
+            except (SharingRefused, MpsRefused) as e:
                 raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
             try:
                 networks = await self.network.plan(ref, claim, allocated)
@@ -366,7 +381,7 @@ class ClaimPreparer:
                 log.warning("claim refused: bad NIC configuration", extra={"uid": ref.uid, "reason": str(e)})
                 await self.network.refused(ref, allocated, e)
                 return PrepareError(str(e))
-            return Planned(allocated, shares, wants, networks, _reserved_pods(claim))
+            return Planned(allocated, shares, wants, networks, _reserved_pods(claim), mps)
         except PrepareError as e:
             return e
         except Exception as e:
@@ -475,6 +490,7 @@ class ClaimPreparer:
                 out[ref.uid] = e
                 continue
             gone = claims.pop(ref.uid, None)
+            self.mps.release(ref.uid)  # the control daemons it held quit when no other claim holds them
             if gone is not None:
                 log.info("unprepared claim", extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid})
                 shared = [d.device for d in gone.devices if d.timeslice]

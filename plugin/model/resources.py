@@ -71,6 +71,8 @@ class ResourceOptions:
     mig_strategy: str = "none"
     #: NVIDIA's `sharing.timeSlicing` (None: nothing is shared).
     time_slicing: TimeSlicing | None = None
+    #: Host directory of the MPS control daemons (`--mps-root`), named in the Allocate answers of `sharing.mps`.
+    mps_root: str = "/run/nvidia/mps"
     #: Resources served through DRA instead of the device-plugin API (checked by `plugin.model.serving_modes`).
     dra_resources: frozenset[str] = frozenset()
 
@@ -144,7 +146,8 @@ def _gpu_resources(topology: NodeTopology, options: ResourceOptions) -> list[Res
                              GpuAllocateBuilder(options.gpu_allocate, group.name, topology.source),
                              options.gpu_policy_options))
     return apply_time_slicing(out, options.time_slicing, options.gpu_resource_name,
-                              lambda name: GpuAllocateBuilder(options.gpu_allocate, name, topology.source))
+                              lambda name: GpuAllocateBuilder(options.gpu_allocate, name, topology.source),
+                              options.mps_root)
 
 
 def nic_id(topology: NodeTopology, device: Device, strategy: str) -> str:

@@ -39,10 +39,11 @@ from allocator.subdevices import physical_id, replica_graph, replica_id
 from allocator.topology import Device, DeviceGraph, DeviceKind
 
 from .allocate_response import ContainerAllocation
+from .mps_allocate import DEFAULT_HOST_ROOT, MpsAllocateBuilder, MpsPaths
 from ..config.sharing import MAX_REPLICAS, SharedResource, SharingError, TimeSlicing, \
     device_limit_reason, qualify
 from ..errors import OptionError
-from .resource import Resource, ResourceDevice
+from .resource import AllocateBuilder, Resource, ResourceDevice
 from .resource_names import check_resource_name
 
 #: The policy of every replica resource (`allocator.policies.get_policy`).
@@ -52,17 +53,22 @@ REPLICA_POLICY = "replicas"
 class ReplicaAllocateBuilder:
     """Allocate for replicas: the rule of `failRequestsGreaterThanOne`, then each physical device once."""
 
-    def __init__(self, inner, resource_name: str, fail_requests_greater_than_one: bool):
+    def __init__(self, inner, resource_name: str, fail_requests_greater_than_one: bool,
+                 rule: str = "sharing.timeSlicing.failRequestsGreaterThanOne is set",
+                 fix: str = "request 1, or turn the rule off"):
         self.inner = inner
         self.resource_name = resource_name
         self.fail_greater_than_one = fail_requests_greater_than_one
+        #: The rule, as the operator set it (MPS implies it, as in NVIDIA's plugin).
+        self.rule = rule
+        self.fix = fix
 
     def build(self, ids: Sequence[str], devices: Sequence[Device]) -> ContainerAllocation:
         if self.fail_greater_than_one and len(ids) > 1:
             raise AllocationError(
-                f"sharing.timeSlicing.failRequestsGreaterThanOne is set: maximum request size for shared "
+                f"{self.rule}: maximum request size for shared "
                 f"resources is 1; a container asked for {len(ids)} {self.resource_name} replicas "
-                "(request 1, or turn the rule off)")
+                f"({self.fix})")
         seen: dict[str, Device] = {}
         for i, d in zip(ids, devices):
             seen.setdefault(physical_id(i), d)
@@ -119,6 +125,10 @@ def plan_time_slicing(ts: TimeSlicing, gpu_resource_name: str,
     node_total = 0  # replicas of all entries so far
     for entry in ts.resources:
         name = qualify(entry.name, domain)
+        if ts.mps and name != gpu_resource_name:
+            raise SharingError(f"{entry.where}.name: {name!r} cannot be shared with MPS: only whole GPUs "
+                               f"({gpu_resource_name}) can, as in NVIDIA's plugin (fix: name {gpu_resource_name}, "
+                               "or share MIG devices with sharing.timeSlicing)")
         if not _family(name, gpu_resource_name):
             raise SharingError(f"{entry.where}.name: {name!r} cannot be time-sliced: only {gpu_resource_name} and "
                                f"the MIG resources of --mig-strategy mixed ({domain}/mig-<profile>) can "
@@ -193,11 +203,13 @@ def subgraph(graph: DeviceGraph, keep: Sequence[str]) -> DeviceGraph:
 
 
 def apply_time_slicing(resources: list[Resource], ts: TimeSlicing | None, gpu_resource_name: str,
-                       make_builder: Callable[[str], object]) -> list[Resource]:
+                       make_builder: Callable[[str], object], mps_root: str = DEFAULT_HOST_ROOT) -> list[Resource]:
     """`resources` with time-sliced ones replaced by (or split into) replica resources.
 
     `make_builder(name)` gives the Allocate builder of a GPU-family resource
-    called `name` (the replicas wrap it). Raises `SharingError`.
+    called `name` (the replicas wrap it); with `sharing.mps` the answer also
+    carries the MPS pipe directory under `mps_root` and the share's limits
+    (`plugin.model.mps_allocate`). Raises `SharingError`.
     """
     if ts is None:
         return resources
@@ -218,7 +230,14 @@ def apply_time_slicing(resources: list[Resource], ts: TimeSlicing | None, gpu_re
                             for d in r.devices for k in range(p.counts.get(d.id, 0)))
             graph = replica_graph(r.graph, {i: p.counts.get(i, 0) for i in r.graph.ids})
             assert graph.ids == tuple(d.id for d in devices), "replica devices follow the graph's order"
-            builder = ReplicaAllocateBuilder(make_builder(p.target), p.target, ts.fail_requests_greater_than_one)
+            builder: AllocateBuilder = ReplicaAllocateBuilder(make_builder(p.target), p.target,
+                                                              ts.fail_requests_greater_than_one)
+            if ts.mps:
+                builder = MpsAllocateBuilder(
+                    ReplicaAllocateBuilder(make_builder(p.target), p.target, True,
+                                           "sharing.mps shares a GPU one replica per container",
+                                           "request 1; a container needing more of a GPU needs fewer replicas"),
+                    MpsPaths(mps_root, p.target), p.counts)
             out.append(Resource(p.target, r.kind, devices, REPLICA_POLICY, graph, builder, dict(r.policy_options)))
     names = [r.name for r in out]
     dup = sorted({n for n in names if names.count(n) > 1})

@@ -38,6 +38,9 @@ from ..heap import release_free_heap
 from ..model.cdi.sync import SpecSync
 from ..model.resources import Resource, ResourceOptions, build_resources
 from ..model.serving_modes import DraDevices, split
+from ..mps.control import MpsControl
+from ..mps.specs import device_plugin_specs, gated, mps_builder
+from ..mps.supervisor import MpsSupervisor
 from ..observability.metrics import Metrics
 from ..observability.ratelimited_log import RateLimitedLog, UndecodableRequestLog
 from ..serving.registration import KUBELET_SOCKET, PluginDirWatcher
@@ -113,6 +116,10 @@ class Daemon:
         #: The DRA driver, when some resource is served through DRA; it runs in this same loop.
         self.dra: DraSide | None = None
         self.dra_devices = DraDevices()
+        #: The control daemons of the `sharing.mps` resources (None: no MPS), and those resources as built,
+        #: before their replicas are gated on their daemon's health (`plugin.mps.specs.gated`).
+        self.mps: MpsSupervisor | None = None
+        self._mps_resources: dict[str, Resource] = {}
 
     @property
     def kubelet_socket(self) -> str:
@@ -170,8 +177,9 @@ class Daemon:
                                                "dra_resources": ", ".join(r.name for r in dra_resources) or "none"})
         try:  # every start-up failure stops what was started (`_stop_all`)
             await self._start_up(loop, resources, dra_resources)
+            self._start_mps(resources)
             for r in resources:
-                self.servers[r.name] = self._new_server(r)
+                self.servers[r.name] = self._new_server(self._gated(r))
                 self._count_devices(r)
             self._tasks = [
                 asyncio.create_task(self.supervisor.run(), name="supervisor"),
@@ -179,6 +187,8 @@ class Daemon:
                 asyncio.create_task(self.source.watch(self.topology, self._publish), name="source-watch"),
                 asyncio.create_task(self._heartbeat(), name="heartbeat"),
             ]
+            if self.mps is not None:
+                self._tasks.append(asyncio.create_task(self.mps.run(), name="mps-daemons"))
             if self.options.config_path and self.reload_resources:
                 self._tasks.append(asyncio.create_task(
                     watch_file(self.options.config_path, self._on_config_file), name="config-watch"))
@@ -224,6 +234,8 @@ class Daemon:
         not whether a spec file could be removed (issue 19)."""
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
             ("device-plugin servers", lambda: self._shutdown(self._watcher))]
+        if self.mps is not None:
+            steps.append(("MPS control daemons", self.mps.stop))
         if self.dra is not None:
             steps.append(("DRA driver", self.dra.stop))
         steps.append(("CDI specs", lambda: asyncio.to_thread(self.cdi.remove_all)))
@@ -246,6 +258,31 @@ class Daemon:
         self.dra_devices.set(dra_resources)
         self.dra = await self.dra_factory(self.dra_devices.include)
         await self.dra.start(self.topology)
+
+    def _start_mps(self, resources: list[Resource]) -> None:
+        """A supervisor for the control daemons of the `sharing.mps` resources (started with the other tasks).
+
+        The daemons follow the resources of start-up: a topology change or reload that changes which GPUs
+        are shared keeps them as they are until a restart (logged there)."""
+        specs = device_plugin_specs(resources)
+        if not specs:
+            return
+        self._mps_resources = {r.name: r for r in resources if mps_builder(r) is not None}
+        self.mps = MpsSupervisor(MpsControl(self.options.mps_control_binary), specs, self._on_mps_change,
+                                 self.options.mps_probe_interval_s)
+
+    def _gated(self, r: Resource) -> Resource:
+        """`r` as advertised: an MPS resource's replicas are Unhealthy while its control daemon is not ready
+        (always, for one that has no daemon: added by a reload, it waits for a restart)."""
+        if mps_builder(r) is None:
+            return r
+        return gated(r, self.mps is not None and self.mps.ready(r.name))
+
+    def _on_mps_change(self, name: str, ready: bool) -> None:
+        """A control daemon turned ready or went away: its resource's replicas follow (a new device list)."""
+        server, r = self.servers.get(name), self._mps_resources.get(name)
+        if server is not None and r is not None:
+            asyncio.get_running_loop().create_task(server.update(gated(r, ready)), name=f"mps-health:{name}")
 
     def _new_server(self, r: Resource) -> ResourceServer:
         return ResourceServer(self.options.plugin_dir, r, self.policy_factory, self.metrics, self.handling)
@@ -354,6 +391,11 @@ class Daemon:
                 log.info("resource removed", extra={"resource": name})
         for name, r in wanted.items():
             self._count_devices(r)
+            if mps_builder(r) is not None:
+                if self.mps is None or name not in self.mps.specs:
+                    log.warning("MPS resource has no control daemon until a restart", extra={"resource": name})
+                self._mps_resources[name] = r
+            r = self._gated(r)
             if name in self.servers:
                 await self.servers[name].update(r)
             else:

@@ -44,6 +44,10 @@ class DaemonOptions:
     pod_resources_socket: str | None = None
     #: Deadline of one pod-resources `List` (why short: `plugin.allocation.pod_resources`).
     pod_resources_timeout_s: float = POD_RESOURCES_TIMEOUT_S
+    #: NVIDIA's MPS control program (`--mps-control-binary`), started for the `sharing.mps` resources.
+    mps_control_binary: str = "nvidia-cuda-mps-control"
+    #: How often a ready MPS control daemon is asked whether it still answers (`plugin.mps.supervisor`).
+    mps_probe_interval_s: float = 5.0
 
 
 class DraSide(Protocol):

@@ -1057,3 +1057,19 @@ def test_the_toolkits_cdi_dir_is_mounted_read_only_exactly_when_its_spec_is_read
     dra_on = bool(values.get("dra"))
     toolkit = values.get("dra", {}).get("toolkitCdi", "off")
     assert (f"--dra-toolkit-cdi={toolkit}" in r.container["args"]) is dra_on
+
+
+def test_mps_root_is_mounted_at_the_hosts_path_when_set(helm, tmp_path):
+    """sharing.mps: the Allocate answers name host paths under mpsRoot, so the daemon must see them there."""
+    r = render(helm, tmp_path, {"config": {"flags": {"mpsRoot": "/run/nvidia/mps"}}})
+    volumes = {v["name"]: v["hostPath"] for v in r.pod_spec["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in r.container["volumeMounts"]}
+    assert volumes["mps-root"] == {"path": "/run/nvidia/mps", "type": "DirectoryOrCreate"}
+    assert mounts["mps-root"]["mountPath"] == "/run/nvidia/mps" and not mounts["mps-root"].get("readOnly")
+    assert volumes["mps-shm"]["path"] == "/run/nvidia/mps/shm" and mounts["mps-shm"]["mountPath"] == "/dev/shm"
+    plain = render(helm, tmp_path, {})
+    assert "mps-root" not in {v["name"] for v in plain.pod_spec["volumes"]}
+    mps = render(helm, tmp_path, {"config": {"sharing": {"mps": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 4}]}}}})  # NVIDIA's config: the daemon's default root
+    assert {v["name"]: v["hostPath"] for v in mps.pod_spec["volumes"] if "hostPath" in v}["mps-root"] == {
+        "path": "/run/nvidia/mps", "type": "DirectoryOrCreate"}

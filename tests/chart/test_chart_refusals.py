@@ -98,8 +98,10 @@ class Rule:
 
 
 RULES = [
-    Rule("sharing-mps", {"config": {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}},
-         "config.sharing.mps", "field", "MPS sharing is not supported", "plugin/config/sharing.py"),
+    Rule("sharing-mps-and-time-slicing", {"config": {"sharing": {
+        "mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]},
+        "timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}},
+         "config.sharing.mps", "field", "cannot share GPUs both by time-slicing and by MPS", "plugin/config/sharing.py"),
     Rule("nic-pool-name-invalid", pools({"resourceName": "-rdma", "selectors": {"vendors": ["15b3"]}}),
          "config.nics.resourceList[0].resourceName", "field", "is not a valid extended resource name",
          "plugin/model/nic_pools/config.py"),

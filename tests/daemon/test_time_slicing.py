@@ -112,12 +112,14 @@ async def test_unhealthy_gpu_turns_all_its_replicas_unhealthy_in_one_update(kube
         raise AssertionError("a replica of an unhealthy GPU was allocated")
 
 
-async def test_mps_config_stops_start_up_with_exit_2(start_daemon, tmp_path):
-    config = NVIDIA_README_TIME_SLICING.replace("timeSlicing", "mps")
-    daemon = start_daemon("--config", write(tmp_path, "c.yaml", config))
+async def test_mps_of_mig_devices_stops_start_up_with_exit_2(start_daemon, tmp_path):
+    """MPS itself is served (tests/daemon/test_mps.py); MIG devices under MPS are refused, as NVIDIA does."""
+    config = "version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/mig-3g.40gb, replicas: 2}\n"
+    daemon = start_daemon("--config", write(tmp_path, "c.yaml", config), "--mig-strategy", "mixed",
+                          simulate="dgx-a100-mig")
     assert await daemon.wait(15) == 2
     log = daemon.log()
-    assert "c.yaml:3: field sharing.mps: MPS sharing is not supported" in log and "MPS control daemon" in log
+    assert "c.yaml:5: field sharing.mps.resources[0].name" in log and "only whole GPUs" in log, log
 
 
 async def test_time_slicing_changes_live_and_a_change_this_node_cannot_serve_is_refused_whole(

@@ -69,7 +69,12 @@ def test_other_kinds_are_left_to_their_own_parsers():
 @pytest.mark.parametrize("params, field, fix", [
     (gpu_config("Fast"), "sharing.timeSlicingConfig.interval", "one of Default, Short, Medium, Long"),
     (gpu_config("Short", api="gpu.topo-device-plugin.io/v2"), ".apiVersion", f"apiVersion: {API_VERSION}"),
-    ({**gpu_config(), "sharing": {"strategy": "MPS"}}, "sharing.strategy", "strategy: TimeSlicing"),
+    ({**gpu_config(), "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}}},
+     "sharing.mpsConfig.defaultActiveThreadPercentage", "an integer from 0 to 100"),
+    ({**gpu_config(), "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}}},
+     "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit", "512Mi, 10Gi or 4G"),
+    ({**gpu_config(), "sharing": {"strategy": "MPS", "mpsConfig": {"defaultThreads": 5}}},
+     "sharing.mpsConfig: unknown field 'defaultThreads'", "use only defaultActiveThreadPercentage"),
     ({**gpu_config(), "sharing": {"strategy": "Timeslicing"}}, "sharing.strategy", "strategy: TimeSlicing"),
     ({**gpu_config(), "sharing": {"strategy": "TimeSlicing", "mpsConfig": {}}}, "sharing.mpsConfig",
      "remove mpsConfig"),

@@ -94,12 +94,21 @@ def test_devices_all_count_and_list_are_read_as_nvidia_writes_them():
     assert ts.target(ts.resources[0], "nvidia.com") == "nvidia.com/gpu"
 
 
-def test_mps_is_refused_with_the_reason_and_an_alternative():
+def test_nvidias_mps_section_loads_as_mps_replicas_one_per_container():
+    ts = parse_config(NVIDIA_FULL.replace("timeSlicing:", "mps:"), "nvidia.yaml").time_slicing
+    assert ts is not None and ts.mps and ts.fail_requests_greater_than_one
+    (entry,) = ts.resources
+    assert (entry.name, entry.replicas) == ("nvidia.com/gpu", 10)
+    assert entry.where == "nvidia.yaml:20: field sharing.mps.resources[0]"
+
+
+def test_mps_and_time_slicing_together_are_refused_naming_both():
+    both = NVIDIA_FULL + "  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n"
     with pytest.raises(SharingError) as e:
-        parse_config(NVIDIA_FULL.replace("timeSlicing:", "mps:"), "nvidia.yaml")
+        parse_config(both, "nvidia.yaml")
     msg = str(e.value)
-    assert msg.startswith("nvidia.yaml:16: field sharing.mps: MPS sharing is not supported")
-    assert "MPS control daemon" in msg and "sharing.timeSlicing" in msg
+    assert msg.startswith("nvidia.yaml:") and "field sharing.mps: a config cannot share GPUs both" in msg
+    assert "keep sharing.timeSlicing or sharing.mps" in msg
 
 
 def test_nvidia_resources_section_is_ignored_with_nvidias_warning(caplog):
@@ -111,7 +120,7 @@ def test_nvidia_resources_section_is_ignored_with_nvidias_warning(caplog):
 
 def test_refusal_stops_serve_with_exit_2(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(NVIDIA_FULL.replace("timeSlicing:", "mps:"))
+    cfg.write_text(NVIDIA_FULL + "  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n")
     r = CliRunner().invoke(cli, ["serve", "--config", str(cfg), "--simulate", "dgx-a100",
                                  "--device-plugin-path", str(tmp_path / "dp")])
-    assert r.exit_code == 2 and "MPS sharing is not supported" in r.output
+    assert r.exit_code == 2 and "cannot share GPUs both by time-slicing and by MPS" in r.output

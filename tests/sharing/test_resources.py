@@ -196,3 +196,32 @@ def test_time_sliced_mig_profile():
     assert ids(r) == ["0:0::0", "0:0::1", "3:0::0", "3:0::1", "3:1::0", "3:1::1", "6:0::0", "6:0::1"]
     assert r.policy == "replicas" and r.kind is DeviceKind.MIG
     assert r.allocate(["3:1::0", "3:1::1"]).envs["NVIDIA_VISIBLE_DEVICES"] == "3:1"
+
+
+# -- MPS -------------------------------------------------------------------------------------------------
+MPS_HEAD = "version: v1\nsharing:\n  mps:\n"
+
+
+def test_mps_replicas_are_served_like_time_slicing_with_the_share_in_each_allocate():
+    config = MPS_HEAD + "    renameByDefault: true\n    resources:\n    - {name: nvidia.com/gpu, replicas: 3}\n"
+    r = served(config=config)["nvidia.com/gpu.shared"]
+    assert ids(r)[:3] == ["0::0", "0::1", "0::2"] and len(r.devices) == 24
+    a = r.allocate(["5::2"])
+    memory = load_simulated("dgx-a100").gpus[5].memory_mib
+    assert a.envs["NVIDIA_VISIBLE_DEVICES"] == "5"
+    assert a.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com_gpu.shared/pipe"
+    assert a.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "33"
+    assert memory and a.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={memory // 3}M"
+    assert [(m.container_path, m.host_path, m.read_only) for m in a.mounts] == [
+        ("/mps/nvidia.com_gpu.shared/pipe", "/run/nvidia/mps/nvidia.com_gpu.shared/pipe", False),
+        ("/dev/shm", "/run/nvidia/mps/shm", False)]
+    with pytest.raises(AllocationError, match="sharing.mps shares a GPU one replica per container"):
+        r.allocate(["0::0", "1::0"])
+
+
+def test_mps_on_mig_devices_is_refused_naming_the_entry():
+    config = MPS_HEAD + "    resources:\n    - {name: nvidia.com/mig-1g.10gb, replicas: 2}\n"
+    with pytest.raises(SharingError) as e:
+        served("dgx-a100-mig", config, mig="mixed")
+    msg = str(e.value)
+    assert "field sharing.mps.resources[0].name" in msg and "cannot be shared with MPS: only whole GPUs" in msg

@@ -215,3 +215,15 @@ default}. */}}
 {{- end }}
 {{- toJson (dict "value" $value "where" $where) }}
 {{- end }}
+
+{{/*
+The MPS root the daemon uses, when it may run MPS control daemons (sharing.mps in the config, DRA, or
+config.flags.mpsRoot set); empty otherwise. The daemon's default is NVIDIA's /run/nvidia/mps.
+*/}}
+{{- define "topo-device-plugin.mpsRoot" -}}
+{{- $flags := .Values.config.flags | default dict }}
+{{- $sharing := .Values.config.sharing | default dict }}
+{{- if $flags.mpsRoot }}{{ $flags.mpsRoot }}
+{{- else if or $sharing.mps (include "topo-device-plugin.draEnabled" .) }}/run/nvidia/mps
+{{- end }}
+{{- end }}

@@ -10,7 +10,7 @@ tests/chart/test_chart_refusals.py renders every rule here and runs the daemon o
 config, so the chart's text cannot drift from the daemon's.
 
 Rules (daemon source):
-- sharing.mps is refused (plugin/config/sharing.py parse_sharing)
+- sharing.mps and sharing.timeSlicing together are refused (plugin/config/sharing.py parse_sharing)
 - NIC pools (plugin/model/nic_pools/config.py): `<prefix>/<resourceName>` must be a valid extended
   resource name and unique; pfNames/rootDevices items `PF[#indexes]` must name a PF (a PCI
   address for rootDevices), have at most one '#', indexes and ranges `a-b` with a <= b after it,
@@ -153,9 +153,9 @@ vf_ranges): {path, kind, items}. */}}
 {{- $nic := $nicOption.value }}
 {{- $mig := (include "topo-device-plugin.option" (dict "root" . "key" "migStrategy" "flag" "--mig-strategy" "default" "none") | fromJson).value }}
 
-{{- /* sharing.mps */}}
-{{- if and (hasKey $sharing "mps") (not (kindIs "invalid" $sharing.mps)) }}
-{{- fail "config.sharing.mps: MPS sharing is not supported: it needs NVIDIA's MPS control daemon (fix: remove sharing.mps, or share GPUs by time-slicing with sharing.timeSlicing; see docs/sharing.md)" }}
+{{- /* sharing.mps beside sharing.timeSlicing */}}
+{{- if and $sharing.mps $sharing.timeSlicing }}
+{{- fail "config.sharing.mps: a config cannot share GPUs both by time-slicing and by MPS (fix: keep sharing.timeSlicing or sharing.mps, not both; see docs/sharing.md)" }}
 {{- end }}
 
 {{- /* NIC pools: names valid and unique */}}

@@ -45,7 +45,7 @@ from allocator.subdevices import physical_id
 from allocator.topology import Device, DeviceKind
 
 from .nodes import NodeResolver
-from .spec import DEFAULT_SPEC_DIR, VENDOR_PREFIX, CdiDevice, CdiSpec, DeviceNode, Edits, device_name, \
+from .spec import DEFAULT_SPEC_DIR, VENDOR_PREFIX, CdiDevice, CdiSpec, DeviceNode, Edits, Mount, device_name, \
     kind_for_resource, qualified_names
 
 
@@ -184,7 +184,8 @@ def nic_spec(kind: str, members: Sequence[Member], options: CdiOptions) -> CdiSp
 
 
 def claim_spec(kind: str, devices: Sequence[Member], options: CdiOptions,
-               env: Sequence[Sequence[str]] = (), claim_env: Sequence[str] = ()) -> CdiSpec:
+               env: Sequence[Sequence[str]] = (), claim_env: Sequence[str] = (),
+               mounts: Sequence[Sequence[Mount]] = ()) -> CdiSpec:
     """The spec of one DRA claim: one CDI device per (slice device name, device), named as in the slice.
 
     Device edits are what the device-plugin side injects for the same device (a GPU's
@@ -192,6 +193,7 @@ def claim_spec(kind: str, devices: Sequence[Member], options: CdiOptions,
     with no node to inject (a plain netdev) still tells the container it is there; the spec-wide
     edits are the GPU control nodes when the claim has a GPU, and `claim_env` (what concerns the claim
     as a whole: the NCCL hint, `plugin.model.nccl_env`), given to every container that gets any of its devices.
+    `mounts[i]` are device i's bind mounts (the MPS pipe directory of a GPU shared through MPS).
     """
     r = options.resolver
     out = []
@@ -204,7 +206,8 @@ def claim_spec(kind: str, devices: Sequence[Member], options: CdiOptions,
         else:
             nodes = list(nic_nodes(d, r))
         out.append(CdiDevice(device_name(name), Edits(tuple(n for n in nodes if n is not None),
-                                                      tuple(env[i]) if i < len(env) else ())))
+                                                      tuple(env[i]) if i < len(env) else (),
+                                                      tuple(mounts[i]) if i < len(mounts) else ())))
     gpus = any(d.kind in (DeviceKind.GPU, DeviceKind.MIG) for _, d in devices)
     shared = _control_edits(r, (*options.gpu_env, *claim_env)) if gpus else Edits((), tuple(claim_env))
     return CdiSpec(kind, tuple(out), shared)

@@ -81,11 +81,24 @@ class DeviceNode:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A bind mount of a host directory (the MPS pipe directory of a DRA claim: `plugin.dra.mps`)."""
+
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ("rbind", "rw")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hostPath": self.host_path, "containerPath": self.container_path, "options": list(self.options)}
+
+
+@dataclass(frozen=True)
 class Edits:
-    """Container edits: device nodes (deduplicated by path, first wins) and `KEY=VALUE` env."""
+    """Container edits: device nodes (deduplicated by path, first wins), `KEY=VALUE` env and mounts."""
 
     device_nodes: tuple[DeviceNode, ...] = ()
     env: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
 
     def __post_init__(self) -> None:
         for e in self.env:
@@ -104,7 +117,7 @@ class Edits:
 
     @property
     def empty(self) -> bool:
-        return not self.device_nodes and not self.env
+        return not self.device_nodes and not self.env and not self.mounts
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -112,6 +125,8 @@ class Edits:
             out["env"] = list(self.env)
         if self.device_nodes:
             out["deviceNodes"] = [n.to_dict() for n in self.device_nodes]
+        if self.mounts:
+            out["mounts"] = [m.to_dict() for m in self.mounts]
         return out
 
 

@@ -158,7 +158,8 @@ def dra_factory(s: DraSettings) -> DraFactory:
                              dev_root=s.dev_root, mig_backend=backend, mig_caps=caps, real_gpus=not s.simulated,
                              netdev_attach=s.netdev_attach, nri_socket=s.nri_socket,
                              pod_primary_interface=s.pod_primary_interface, nccl_env=s.nccl_env,
-                             toolkit_cdi=s.toolkit_cdi, toolkit_dirs=s.toolkit_dirs, toolkit_kind=s.toolkit_kind)
+                             toolkit_cdi=s.toolkit_cdi, toolkit_dirs=s.toolkit_dirs, toolkit_kind=s.toolkit_kind,
+                             mps_root=s.mps_root, mps_control_binary=s.mps_control_binary)
         return dra_driver(options, api, owns_api=True)
 
     return make

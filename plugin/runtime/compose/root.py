@@ -33,7 +33,8 @@ def _daemon(s: ServeSettings, dra: DraFactory | None) -> Daemon:
     return Daemon(
         build_source(s.source),
         DaemonOptions(plugin_dir=s.plugin_dir, metrics_address=s.metrics_address, config_path=s.config_path,
-                      cdi_spec_dir=s.cdi_spec_dir, pod_resources_socket=s.pod_resources_socket),
+                      cdi_spec_dir=s.cdi_spec_dir, pod_resources_socket=s.pod_resources_socket,
+                      mps_control_binary=s.mps_control_binary),
         s.resources,
         reload_resources=s.reload_resources,
         dra_factory=dra,

@@ -66,6 +66,9 @@ class DraSettings:
     toolkit_cdi: str
     toolkit_dirs: tuple[str, ...]
     toolkit_kind: str
+    #: MPS claims: the control daemons' host directory (`--mps-root`) and program (`--mps-control-binary`).
+    mps_root: str
+    mps_control_binary: str
 
 
 @dataclass(frozen=True)
@@ -82,5 +85,7 @@ class ServeSettings:
     config_path: str | None
     cdi_spec_dir: str | None
     pod_resources_socket: str | None
+    #: The MPS control program the device-plugin side's `sharing.mps` daemons run (`--mps-control-binary`).
+    mps_control_binary: str
     #: None in device-plugin mode.
     dra: DraSettings | None = None

@@ -1,0 +1,100 @@
+"""The MPS control daemon's supervisor with the stand-in control program (a real executable, real processes).
+
+What an operator would notice: the daemon gets its defaults before it counts as ready; a control
+daemon that dies is noticed and restarted; one that cannot start is retried and reported with the fix;
+stop quits it. Waits are on conditions with generous deadlines, never on timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import signal
+import stat
+
+import pytest
+
+from plugin.backoff import Backoff
+from plugin.config import ConfigError, parse_config
+from plugin.mps.control import DaemonSpec, MpsControl, MpsControlError, default_commands
+from plugin.mps.supervisor import MpsSupervisor
+
+STANDIN = str(pathlib.Path(__file__).resolve().parents[1] / "support" / "mps_standin" / "nvidia-cuda-mps-control")
+
+
+def spec(tmp_path: pathlib.Path) -> DaemonSpec:
+    return DaemonSpec(name="nvidia.com/gpu", pipe_dir=str(tmp_path / "r" / "pipe"), log_dir=str(tmp_path / "r" / "log"),
+                      gpus=("GPU-a", "GPU-b"), defaults=default_commands([(0, 1024), (1, None)], 50))
+
+
+def told(s: DaemonSpec) -> list[dict]:
+    path = os.path.join(s.log_dir, "standin.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+async def until(predicate, timeout: float = 60.0) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met within the deadline")
+
+
+def fast() -> Backoff:
+    return Backoff(0.01, 0.05)
+
+
+async def test_ready_after_defaults_restarted_when_it_dies_and_quit_at_stop(tmp_path):
+    s = spec(tmp_path)
+    changes: list[bool] = []
+    sup = MpsSupervisor(MpsControl(STANDIN), [s], lambda name, ready: changes.append(ready), 0.05, fast)
+    task = asyncio.create_task(sup.run())
+    try:
+        await until(lambda: sup.ready(s.name))
+        first = told(s)
+        assert first[0]["event"] == "start" and first[0]["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"
+        assert [r["command"] for r in first if r["event"] == "command" and r["command"] != "get_server_list"] == [
+            "set_default_device_pinned_mem_limit 0 1024M", "set_default_active_thread_percentage 50"]
+        assert os.path.exists(s.ready_file)
+        os.kill(first[0]["pid"], signal.SIGKILL)
+        await until(lambda: changes[-2:] == [False, True] and sup.starts[s.name] == 2)
+        assert [r["pid"] for r in told(s) if r["event"] == "start"][1] != first[0]["pid"]
+    finally:
+        await sup.stop()
+        task.cancel()
+    assert told(s)[-1]["event"] == "quit" and not os.path.exists(s.ready_file)
+    assert changes[-1] is False
+
+
+async def test_a_program_that_cannot_start_is_retried_and_never_ready(tmp_path, caplog):
+    broken = tmp_path / "mps-control"
+    broken.write_text("#!/bin/sh\necho 'An instance of this daemon is already running' >&2\nexit 1\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
+    s = spec(tmp_path)
+    sup = MpsSupervisor(MpsControl(str(broken)), [s], probe_interval_s=0.05, backoff=fast)
+    task = asyncio.create_task(sup.run())
+    try:
+        await until(lambda: sup.starts[s.name] >= 3)
+        assert not sup.ready(s.name)
+    finally:
+        task.cancel()
+    reasons = [getattr(r, "reason", "") for r in caplog.records if "replicas stay unhealthy" in r.getMessage()]
+    assert reasons and "already running" in reasons[0] and "exited 1" in reasons[0], reasons
+
+
+def test_a_missing_program_names_the_option_to_fix(tmp_path):
+    with pytest.raises(MpsControlError) as e:
+        MpsControl(str(tmp_path / "nowhere")).start(spec(tmp_path))
+    assert "not found" in str(e.value) and "--mps-control-binary" in str(e.value)
+
+
+def test_a_bad_mps_entry_names_its_field():
+    with pytest.raises(ConfigError) as e:
+        parse_config("version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 1}\n",
+                     "c.yaml")
+    assert "c.yaml:5" in str(e.value) and "sharing.mps.resources[0].replicas" in str(e.value)
