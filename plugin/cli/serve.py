@@ -27,7 +27,7 @@ def dra_factory(settings: Settings) -> DraFactory:
     both from the downward API), the API server through the pod's service account, or the file KUBECONFIG
     names when run outside a pod."""
     v = settings.values
-    from ..dra.network_config import is_ifname  # noqa: PLC0415 (DRA mode only)
+    from ..dra.network.nic_config import is_ifname  # noqa: PLC0415 (DRA mode only)
 
     if not is_ifname(v["pod_primary_interface"]):
         raise InputError(f"{option_source(settings, 'pod_primary_interface')}: {v['pod_primary_interface']!r} is not "
@@ -39,7 +39,7 @@ def dra_factory(settings: Settings) -> DraFactory:
 
     async def make(include: Callable[[Device], bool]) -> DraSide:
         from ..dra import DraDriver, DraOptions, SliceOptions  # noqa: PLC0415 (DRA mode only: lightkube and the DRA driver)
-        from ..dra.kubeapi import KubeConfigError, in_cluster_api, kubeconfig_api  # noqa: PLC0415 (DRA mode only)
+        from ..kube.client import KubeConfigError, in_cluster_api, kubeconfig_api  # noqa: PLC0415 (DRA mode only)
 
         mig, backend, caps = dra_mig(settings)
         try:
@@ -80,8 +80,8 @@ def dra_mig(settings: Settings) -> tuple[Any, Any, Any]:
     A simulated node keeps its MIG instances in a file in the driver's plugin directory
     (`simulated-mig.json`); real GPUs go through NVML, with capability nodes from procfs.
     """
-    from ..dra.mig_devices import DraMig  # noqa: PLC0415 (DRA mode only)
-    from ..dra.mig_prepare import simulated_caps  # noqa: PLC0415 (DRA mode only)
+    from ..dra.mig.devices import DraMig  # noqa: PLC0415 (DRA mode only)
+    from ..dra.mig.prepare import simulated_caps  # noqa: PLC0415 (DRA mode only)
 
     v = settings.values
     gpus_text = list(v.get("dra_mig_gpus") or [])
@@ -93,7 +93,7 @@ def dra_mig(settings: Settings) -> tuple[Any, Any, Any]:
     mode = v.get("dra_mig") or "none"
     if mode != "dynamic":
         return DraMig(mode, gpus), None, simulated_caps
-    from ..sources.mig_instances import NvmlMigBackend, SimulatedMigBackend, default_state_path  # noqa: PLC0415 (dynamic MIG only)
+    from ..dra.mig.instances import NvmlMigBackend, SimulatedMigBackend, default_state_path  # noqa: PLC0415 (dynamic MIG only)
 
     if v.get("simulate"):
         backend = SimulatedMigBackend

@@ -20,6 +20,6 @@ Modules, one job each:
 """
 
 from .driver import DraDriver, DraOptions
-from .slices import SliceOptions, build_resource_slices
+from .slices.build import SliceOptions, build_resource_slices
 
 __all__ = ["DraDriver", "DraOptions", "SliceOptions", "build_resource_slices"]

@@ -44,16 +44,16 @@ from allocator.topology import DeviceKind, NodeTopology
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ..model.cdi import CdiOptions
 from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS, TOOLKIT_STRATEGIES, ToolkitSpecs
-from .cdi import ClaimCdi, ClaimSpecs
-from .checkpoint import ClaimCheckpoint
-from .health_service import HealthBoard
-from .mig_prepare import CapsFor, MigPreparer, simulated_caps
-from .paths import DraPaths, new_instance_id
-from .prepare import ClaimNetwork, ClaimPreparer, PrepareLimits
-from .sharing import GpuSharing, NvidiaSmiTimeSlice, SimulatedTimeSlice, state_path
-from .publisher import SlicePublisher
-from .service import RegistrationService, add_dra_services
-from .slices import SliceOptions, device_table
+from .kubelet.cdi import ClaimCdi, ClaimSpecs
+from .kubelet.checkpoint import ClaimCheckpoint
+from .kubelet.health_service import HealthBoard
+from .mig.prepare import CapsFor, MigPreparer, simulated_caps
+from .kubelet.paths import DraPaths, new_instance_id
+from .kubelet.prepare import ClaimNetwork, ClaimPreparer, PrepareLimits
+from .claims.sharing import GpuSharing, NvidiaSmiTimeSlice, SimulatedTimeSlice, state_path
+from .slices.publisher import SlicePublisher
+from .kubelet.service import RegistrationService, add_dra_services
+from .slices.build import SliceOptions, device_table
 
 #: `--netdev-attach` values: attach NICs through NRI when DRA serves NICs, or never.
 NETDEV_ATTACH = ("auto", "off")
@@ -226,8 +226,8 @@ class DraDriver:
             return None
         from ..netattach import NetAttacher, exists, max_mtu  # noqa: PLC0415 (pyroute2 only where NICs move)
         from ..nri import NriPlugin  # noqa: PLC0415 (as above)
-        from .claim_status import ClaimStatusWriter  # noqa: PLC0415 (as above)
-        from .pod_network import PodNetwork  # noqa: PLC0415 (as above)
+        from .claims.status import ClaimStatusWriter  # noqa: PLC0415 (as above)
+        from .network.pod_network import PodNetwork  # noqa: PLC0415 (as above)
 
         def probe(netdev: str) -> int | None:
             return max_mtu(netdev) if exists(netdev) else None

@@ -25,7 +25,7 @@ from topo_testkit.kubelet_standin import KubeletStandin
 
 from plugin.cli import cli
 from plugin.dra import DraDriver, DraOptions, SliceOptions
-from plugin.dra.cdi import ClaimSpecs
+from plugin.dra.kubelet.cdi import ClaimSpecs
 from plugin.health.options import GpuHealthOptions
 from plugin.model.resources import ResourceOptions
 from plugin.runtime.daemon import Daemon

@@ -20,11 +20,11 @@ from topo_testkit.with_fake_nvml import installed
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
-from plugin.dra.cdi import ClaimSpecs
-from plugin.dra.claim_config import OpaqueConfig, configs_for, opaque_configs
-from plugin.dra.gpu_config import API_VERSION, NVIDIA_API_VERSION, GpuConfigError, Interval, parse_gpu_config
-from plugin.dra.sharing import SIMULATED_STATE_FILE
-from plugin.dra.slices import device_table
+from plugin.dra.kubelet.cdi import ClaimSpecs
+from plugin.dra.claims.opaque import OpaqueConfig, configs_for, opaque_configs
+from plugin.dra.claims.gpu_config import API_VERSION, NVIDIA_API_VERSION, GpuConfigError, Interval, parse_gpu_config
+from plugin.dra.claims.sharing import SIMULATED_STATE_FILE
+from plugin.dra.slices.build import device_table
 
 NODE = "node-a"
 DRIVER = "topo.dev"

@@ -1,4 +1,4 @@
-"""The driver's API client (plugin/dra/kubeapi.py) against the stand-in API server over real HTTP(S).
+"""The driver's API client (plugin/kube/client.py) against the stand-in API server over real HTTP(S).
 
 What a user would notice: a field of our slices that the client dropped on
 the way (the scheduler would never see it), an API error the publisher or the
@@ -16,9 +16,9 @@ import ssl
 import pytest
 from apiserver_standin import write_kubeconfig
 
-from plugin.dra.kubeapi import KubeApiError, KubeConfigError, in_cluster_api, kubeconfig_api
-from plugin.dra.publisher import SlicePublisher
-from plugin.dra.slices import SliceOptions, build_resource_slices
+from plugin.kube.client import KubeApiError, KubeConfigError, in_cluster_api, kubeconfig_api
+from plugin.dra.slices.publisher import SlicePublisher
+from plugin.dra.slices.build import SliceOptions, build_resource_slices
 
 NODE = "node-a"
 TLS = pathlib.Path(__file__).resolve().parent / "tls"
@@ -162,7 +162,7 @@ async def test_no_answer_at_all_is_told_apart_from_an_error_answer(tmp_path):
     """A stopped API server: `KubeApiUnreachable` naming the server, so the claim preparer fails fast."""
     from apiserver_standin import ApiServerStandIn
 
-    from plugin.dra.kubeapi import KubeApiUnreachable
+    from plugin.kube.client import KubeApiUnreachable
 
     server = ApiServerStandIn(NODE)
     url = await server.start()

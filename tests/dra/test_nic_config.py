@@ -12,8 +12,8 @@ import copy
 
 import pytest
 
-from plugin.dra.network_config import API_VERSION, KIND, NicConfigError, NicNetwork, PlanLimits, Route, nic_plan
-from plugin.dra.slices import SliceOptions, device_table
+from plugin.dra.network.nic_config import API_VERSION, KIND, NicConfigError, NicNetwork, PlanLimits, Route, nic_plan
+from plugin.dra.slices.build import SliceOptions, device_table
 from plugin.sources.simulated import load_node_yaml
 
 DRIVER = "topo.dev"

@@ -17,7 +17,7 @@ driver (its DeviceClass may too; the scheduler copies both into
 
 Why it is checked in NodePrepareResources and not when the sandbox starts:
 a refused prepare keeps the pod from starting with the reason on the pod's
-events (and on the claim, see `plugin.dra.pod_network`), while nothing has
+events (and on the claim, see `plugin.dra.network.pod_network`), while nothing has
 been moved yet; a failure in RunPodSandbox would come after the CNI has set
 the pod's network up, with the reason only in the runtime's log.
 
@@ -39,11 +39,11 @@ from typing import Any
 
 from allocator.topology import Device, DeviceKind
 
-from .gpu_config import KIND as GPU_KIND
+from ..claims.gpu_config import KIND as GPU_KIND
 
 API_VERSION = "net.topo-device-plugin.io/v1alpha1"
 KIND = "NicConfig"
-#: The other kinds of configuration our driver reads (each by its own parser: plugin/dra/gpu_config.py).
+#: The other kinds of configuration our driver reads (each by its own parser: plugin/dra/claims/gpu_config.py).
 OTHER_KINDS = (GPU_KIND,)
 FIELDS = ("apiVersion", "kind", "interfaceName", "addresses", "routes", "mtu")
 ROUTE_FIELDS = ("destination", "gateway")

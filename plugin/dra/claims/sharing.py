@@ -1,6 +1,6 @@
 """GPU time-slicing for DRA claims: which interval each GPU of a claim gets, one setting per GPU, and applying it.
 
-Why here and how it fits the preparer (plugin/dra/prepare.py):
+Why here and how it fits the preparer (plugin/dra/kubelet/prepare.py):
 - `wanted(claim, allocated)` reads the claim's GpuConfigs (gpu_config.py) while
   the claim is read, so a bad config fails the claim before anything is
   written;
@@ -46,8 +46,8 @@ from typing import Any, Protocol, cast
 
 from allocator.topology import Device, DeviceKind
 
-from ..atomic_file import replace_file
-from .claim_config import opaque_configs
+from ...atomic_file import replace_file
+from .opaque import opaque_configs
 from .gpu_config import GpuConfigError, Interval, config_for_request, gpu_configs
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ def state_path(checkpoint_path: str) -> str:
 
 def device_settings(wanted: Mapping[str, Interval]) -> dict[str, dict[str, str]]:
     """What the claim's CDI spec tells each container about its GPUs' sharing: {device: {env suffix: value}}
-    (`TOPO_DEV_GPU_0_TIMESLICE=Short`; plugin/dra/cdi.py builds the names)."""
+    (`TOPO_DEV_GPU_0_TIMESLICE=Short`; plugin/dra/kubelet/cdi.py builds the names)."""
     return {name: {"TIMESLICE": interval.value} for name, interval in wanted.items()}
 
 

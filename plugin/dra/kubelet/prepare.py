@@ -38,12 +38,12 @@ made every other call wait):
   claims fail at once with that reason instead of each waiting for it.
 
 NICs (issue 21): the claim's NicConfig is checked here, through `ClaimNetwork`
-(`plugin.dra.pod_network`), before anything is written: a bad one fails the
+(`plugin.dra.network.pod_network`), before anything is written: a bad one fails the
 claim with the field and the fix, and the reason also goes on the claim. What
 each NIC becomes in the pod, and the pods the claim is reserved for, are
 recorded with the claim; the NICs move when the pod's sandbox starts. What only
 shows against the other prepared claims (an address another claim holds, an
-interface name two claims of one pod ask for, `plugin.dra.network_conflicts`)
+interface name two claims of one pod ask for, `plugin.dra.network.conflicts`)
 is checked under the checkpoint lock as the claim is recorded. Unprepare
 first has the claim's NICs given back to the node (a failure keeps the claim
 recorded, so the kubelet's retry finds it).
@@ -62,17 +62,17 @@ from typing import Any, NamedTuple, Protocol, Union
 
 from allocator.topology import Device, NodeTopology
 
-from ..sources.mig_instances import MigError
+from ..mig.instances import MigError
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
-from .gpu_config import Interval
-from .kubeapi import KubeApiUnreachable
-from .mig_prepare import MigPreparer
-from .network_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
-from .network_conflicts import check_conflicts
-from .sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
+from ..claims.gpu_config import Interval
+from ...kube.client import KubeApiUnreachable
+from ..mig.prepare import MigPreparer
+from ..network.nic_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
+from ..network.conflicts import check_conflicts
+from ..claims.sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
     device_settings, state_path
-from .slices import SliceOptions, device_table
+from ..slices.build import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +88,9 @@ class Planned(NamedTuple):
     devices: Allocated
     #: Per entry of `devices`: its share ID (consumable capacity, KEP-5075), "" for a whole device.
     shares: list[str]
-    #: The time-slice each GPU asks for (plugin/dra/sharing.py).
+    #: The time-slice each GPU asks for (plugin/dra/claims/sharing.py).
     timeslices: dict[str, Interval]
-    #: The claim's NICs' pod interfaces, by slice device name (plugin/dra/pod_network.py).
+    #: The claim's NICs' pod interfaces, by slice device name (plugin/dra/network/pod_network.py).
     networks: dict[str, NicNetwork]
     #: The pods the claim is reserved for (their sandboxes get its NICs).
     pods: tuple[str, ...]
@@ -108,7 +108,7 @@ class PrepareError(Exception):
 
 
 class NicConflict(PrepareError):
-    """The claim's NICs clash with another prepared claim's (`plugin.dra.network_conflicts`): found under the
+    """The claim's NICs clash with another prepared claim's (`plugin.dra.network.conflicts`): found under the
     checkpoint lock, reported on the claim once the lock is released."""
 
     def __init__(self, error: NicConfigError):
@@ -117,7 +117,7 @@ class NicConflict(PrepareError):
 
 
 class ClaimNetwork(Protocol):
-    """The NIC side of prepare and unprepare (`plugin.dra.pod_network.PodNetwork`)."""
+    """The NIC side of prepare and unprepare (`plugin.dra.network.pod_network.PodNetwork`)."""
 
     #: False: no NIC is ever attached here, so unprepare need not look for any (no extra checkpoint read).
     active: bool
@@ -199,7 +199,7 @@ class ClaimPreparer:
                  sharing: GpuSharing | None = None, network: ClaimNetwork | None = None):
         self.options = options
         self.network: ClaimNetwork = network or NoNetwork(options.driver_name)
-        #: Dynamic MIG: creates a claim's MIG instances before its CDI spec is written (plugin/dra/mig_prepare.py).
+        #: Dynamic MIG: creates a claim's MIG instances before its CDI spec is written (plugin/dra/mig/prepare.py).
         self.mig = mig
         #: GPU time-slicing through claim config; simulated GPUs' settings go to a file beside the checkpoint.
         self.sharing = sharing or GpuSharing(options.driver_name, SimulatedTimeSlice(state_path(checkpoint.path)))

@@ -1,4 +1,4 @@
-"""The few API server calls the DRA driver makes, through lightkube's asyncio client.
+"""The few API server calls the program makes (DRA driver, node labels), through lightkube's asyncio client.
 
 Why lightkube (`lightkube` + `lightkube-models` 1.37): the typed models of
 resource.k8s.io/v1 as served by a 1.37 API server (ResourceSlice with taints,
@@ -6,14 +6,15 @@ binding conditions, counters...; ResourceClaim) and an asyncio client that
 runs on our loop, with auth (in-cluster service account, kubeconfig) and TLS
 of its own, in a few MB installed. The official `kubernetes` client does the
 same but installs about 125 MB of generated code, most of the product image's
-size budget. The rest of plugin/dra/ deals in JSON-shaped dicts (what the API
+size budget. The callers deal in JSON-shaped dicts (what the API
 documents); this module converts at the edge with the models' own
 `from_dict`/`to_dict`, so nothing else depends on the model classes.
 
-Errors: an error answer of the API server raises `KubeApiError`, whose
-`status` is the HTTP code (404, 409...) and `reason` the Status reason
-(`NotFound`, `Conflict`...), which is what the publisher and the claim
-preparer look at. No answer at all (refused or reset connection, TLS failure,
+Errors (`plugin.kube.errors`): an error answer of the API server raises a
+`KubeApiError` of the type its code means (`KubeNotFound`, `KubeConflict`,
+`KubeForbidden`, `KubeInvalid`, or the plain type), with `status` the HTTP
+code, `reason` the Status reason (`NotFound`, `Conflict`...) and `message` the
+server's own words. No answer at all (refused or reset connection, TLS failure,
 timeout) raises `KubeApiUnreachable`, naming the server and what went wrong,
 so a caller can stop trying other requests at once instead of waiting for
 each to fail the same way.
@@ -29,10 +30,11 @@ fails that read with no answer at all, so the reads (`GET`, idempotent) are
 tried once more on a new connection. A refused connection or a timeout is not
 retried: a dead or hung server still fails fast.
 
-RBAC the driver needs (the chart adds it): `get` nodes; `get` resourceclaims;
+RBAC the DRA driver needs (the chart adds it): `get` nodes; `get` resourceclaims;
 `list`, `create`, `update`, `delete` resourceslices; `patch` resourceclaims/status
 and, since 1.36, `associated-node:patch` on the synthetic subresource
 resourceclaims/driver named after our driver (the NICs' `networkData`, issue 21).
+The node labeller (`--fabric-labels-node`) needs `get` and `patch` on nodes.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
+from .errors import KubeApiError, KubeApiUnreachable, KubeConfigError, api_error
+
 __all__ = ["KubeApi", "KubeApiError", "KubeApiUnreachable", "KubeConfigError", "in_cluster_api",
            "kubeconfig_api"]
 
@@ -64,32 +68,13 @@ LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=20, keepal
 _LOST = (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.WriteError)
 
 
-class KubeApiError(Exception):
-    """The API server answered with an error: `status` is the HTTP code, `reason` the Status reason."""
-
-    def __init__(self, status: int, reason: str, message: str):
-        super().__init__(f"{status} {reason}: {message}" if message else f"{status} {reason}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
-class KubeApiUnreachable(Exception):
-    """No answer from the API server (connection refused or reset, TLS failure, timeout); the message says
-    which server and what happened."""
-
-
-class KubeConfigError(Exception):
-    """No usable API server configuration (not in a pod, unreadable kubeconfig...); the message says which."""
-
-
 async def _call(request: Awaitable[T]) -> T:
     try:
         return await request
     except httpx2.HTTPStatusError as e:  # lightkube's ApiError is one; so is an answer it could not decode
         status = _status_body(e.response)
-        raise KubeApiError(e.response.status_code, status.get("reason") or e.response.reason_phrase,
-                           status.get("message") or "") from e
+        raise api_error(e.response.status_code, status.get("reason") or e.response.reason_phrase,
+                        status.get("message") or "") from e
     except httpx2.TransportError as e:
         what = "no answer in time" if isinstance(e, httpx2.TimeoutException) else "no connection"
         raise KubeApiUnreachable(f"the API server{_server(e)} is unreachable ({what}: "
@@ -126,6 +111,8 @@ def _status_body(response: httpx2.Response) -> dict[str, Any]:
 
 
 class KubeApi:
+    """The calls, each failing with one of `plugin.kube.errors`; `client` is lightkube's, for tests."""
+
     def __init__(self, client: AsyncClient):
         self.client = client
 
@@ -177,6 +164,11 @@ class KubeApi:
                 "metadata": {"name": name, "namespace": namespace}, "status": {"devices": devices}}
         await _call(self.client.patch(ResourceClaim.Status, name, body, namespace=namespace,
                                       patch_type=PatchType.APPLY, field_manager=field_manager, force=True))
+
+    async def patch_node_labels(self, node: str, labels: dict[str, str | None]) -> None:
+        """A JSON merge patch of the Node's labels: only the keys named change (`None` removes one), so labels
+        others own are untouched and no read-modify-write race with them exists."""
+        await _call(self.client.patch(Node, node, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE))
 
     async def close(self) -> None:
         await self.client.close()

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from .claim_config import OpaqueConfig, configs_for
+from .opaque import OpaqueConfig, configs_for
 
 KIND = "GpuConfig"
 API_VERSION = "gpu.topo-device-plugin.io/v1alpha1"

@@ -9,7 +9,7 @@ fsync, rename, directory fsync). Two calls are all the driver needs:
   replaces) one spec file for the claim and returns, per device and in the same
   order, the fully qualified CDI device IDs (`vendor/class=name`) the container
   runtime must inject; `settings` adds env for what prepare set on a device
-  (`TOPO_DEV_GPU_0_TIMESLICE=Short`, plugin/dra/sharing.py);
+  (`TOPO_DEV_GPU_0_TIMESLICE=Short`, plugin/dra/claims/sharing.py);
 - `remove_claim_spec(claim_uid)` removes it; removing one that is not there
   is not an error (unprepare must be idempotent).
 
@@ -49,11 +49,11 @@ from typing import Protocol
 from allocator.pairing import pair_weight
 from allocator.topology import Device, DeviceKind, NodeTopology
 
-from ..model.cdi import CdiOptions, CdiSpecWriter, claim_spec
-from ..model.cdi.toolkit import ToolkitSpecs
-from ..model.cdi.writer import CdiWriteError
-from ..model.nccl_env import nccl_env
-from ..errors import RuntimeFailure, shorten
+from ...model.cdi import CdiOptions, CdiSpecWriter, claim_spec
+from ...model.cdi.toolkit import ToolkitSpecs
+from ...model.cdi.writer import CdiWriteError
+from ...model.nccl_env import nccl_env
+from ...errors import RuntimeFailure, shorten
 
 log = logging.getLogger(__name__)
 
