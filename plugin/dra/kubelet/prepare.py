@@ -65,6 +65,7 @@ from allocator.topology import Device, NodeTopology
 from ..mig.instances import MigError
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
+from ..claims.claim import Claim, parse_claim
 from ..claims.gpu_config import Interval
 from ...kube.client import KubeApiUnreachable
 from ..mig.prepare import MigPreparer
@@ -122,7 +123,7 @@ class ClaimNetwork(Protocol):
     #: False: no NIC is ever attached here, so unprepare need not look for any (no extra checkpoint read).
     active: bool
 
-    async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+    async def plan(self, ref: ClaimRef, claim: Claim, allocated: Allocated) -> dict[str, NicNetwork]:
         """The claim's NICs to attach, by slice device name; raises NicConfigError (field and fix)."""
         ...
 
@@ -143,7 +144,7 @@ class NoNetwork:
     def __init__(self, driver: str):
         self.driver = driver
 
-    async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+    async def plan(self, ref: ClaimRef, claim: Claim, allocated: Allocated) -> dict[str, NicNetwork]:
         return nic_plan(f"{ref.namespace}/{ref.name}", claim, self.driver, allocated, lambda _: None,
                         PlanLimits(unavailable="NIC attachment is off on this node (--netdev-attach off)",
                                    unavailable_fix="start the driver with --netdev-attach auto (chart: "
@@ -354,7 +355,7 @@ class ClaimPreparer:
     async def _allocation(self, ref: ClaimRef, reads: _CallReads,
                           table: dict[str, Device]) -> Planned | Exception:
         try:
-            claim = await self._read(ref, reads)
+            claim = parse_claim(await self._read(ref, reads))  # the one parse; everything below reads `claim`
             allocated, shares = self._allocated_devices(ref, claim, table)
             try:
                 wants = self.sharing.wanted(claim, allocated)
@@ -366,7 +367,7 @@ class ClaimPreparer:
                 log.warning("claim refused: bad NIC configuration", extra={"uid": ref.uid, "reason": str(e)})
                 await self.network.refused(ref, allocated, e)
                 return PrepareError(str(e))
-            return Planned(allocated, shares, wants, networks, _reserved_pods(claim))
+            return Planned(allocated, shares, wants, networks, claim.reserved_pods)
         except PrepareError as e:
             return e
         except Exception as e:
@@ -397,30 +398,29 @@ class ClaimPreparer:
                 raise PrepareError(f"reading {where}: "
                                    f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
 
-    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any],
+    def _allocated_devices(self, ref: ClaimRef, claim: Claim,
                            table: dict[str, Device]) -> tuple[Allocated, list[str]]:
         """The claim's devices of our pool and, per entry, its share ID (see `Planned`)."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
-        uid = claim.get("metadata", {}).get("uid")
+        uid = claim.uid
         if uid != ref.uid:
             raise PrepareError(f"{where} has UID {uid}, the kubelet asked for {ref.uid} (deleted and created again?)")
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        ours = [r for r in results if r.get("driver") == self.options.driver_name]
+        ours = claim.results_of(self.options.driver_name)
         if not ours:
             raise PrepareError(f"{where} has no devices allocated from driver {self.options.driver_name}")
         out: dict[tuple[str, str], tuple[str, Device, list[str]]] = {}
         for r in ours:
-            pool, name = r.get("pool"), r.get("device")
+            pool, name = r.pool, r.device
             if pool != self.options.pool:
                 raise PrepareError(f"{where}: device {name} is from pool {pool}, this node serves pool "
                                    f"{self.options.pool}")
-            dev = table.get(name)
-            if dev is None:
+            dev = table.get(name) if name is not None else None
+            if dev is None or name is None:
                 raise PrepareError(f"{where}: device {name} is not on this node any more")
             if not dev.healthy:
                 raise PrepareError(f"{where}: device {name} ({dev.name}) is {dev.health}")
-            request = str(r.get("request", "")).split("/", 1)[0]  # subrequests report their parent request
-            share = str(r.get("shareID") or "")  # set when the device allows multiple allocations
+            request = r.request  # the parent request; sharing reads the subrequest from `claim` itself
+            share = r.share_id  # set when the device allows multiple allocations
             entry = out.setdefault((name, share), (name, dev, []))
             if request and request not in entry[2]:
                 entry[2].append(request)
@@ -494,12 +494,6 @@ def _renamed(dev: Device, netdev: str) -> Device:
     if dev.attributes.get("netdev") == netdev:
         return dev
     return dataclasses.replace(dev, attributes={**dev.attributes, "netdev": netdev})
-
-
-def _reserved_pods(claim: dict[str, Any]) -> tuple[str, ...]:
-    """UIDs of the pods in `status.reservedFor` (the kubelet prepares a claim only once it is reserved)."""
-    return tuple(str(r["uid"]) for r in (claim.get("status") or {}).get("reservedFor") or ()
-                 if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid"))
 
 
 def _stopping() -> PrepareError:

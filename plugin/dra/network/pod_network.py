@@ -36,6 +36,7 @@ from allocator.topology import DeviceKind
 
 from ..kubelet.checkpoint import ClaimCheckpoint, PreparedClaim
 from ..claims.status import ClaimStatusWriter, condition, device_entry
+from ..claims.claim import Claim
 from .nic_config import NicConfigError, NicNetwork, NicProbe, PlanLimits, nic_plan
 from ..kubelet.prepare import Allocated, ClaimRef
 
@@ -101,7 +102,7 @@ class PodNetwork:
         self._told_stopped: set[str] = set()
 
     # -- prepare side (ClaimNetwork) --------------------------------------------------------------
-    async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+    async def plan(self, ref: ClaimRef, claim: Claim, allocated: Allocated) -> dict[str, NicNetwork]:
         # The node's answer about each netdev first, in a worker thread: netlink calls block (and pyroute2's
         # synchronous socket cannot even be opened on a thread running an event loop).
         netdevs = sorted({d.attributes["netdev"] for _, d, _ in allocated
