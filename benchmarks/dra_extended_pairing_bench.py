@@ -18,7 +18,7 @@ Orders compared (GPUs by index in all):
 - NICs by index: the order our slices had before (and any driver listing devices by number);
 - NICs reversed: the same node numbered the other way round (a node whose NIC numbering runs
   against the GPUs' is common; this shows how much the alignment of the two orders carries);
-- published: our slices as they are now (plugin/dra/slices.py pair_aligned_order: NICs in the
+- published: our slices as they are now (plugin/dra/slices/build.py pair_aligned_order: NICs in the
   order of the first GPU each is close to).
 
 Workloads: "g GPUs + g NICs" (g = 1..4, every pod), and "mixed": a third of the pods ask for GPUs
@@ -33,7 +33,7 @@ as above, GPUs only) gets the first g free GPUs in slice order; reported is the 
 set is our allocator's own answer for the same free GPUs (the numa-first policy the device plugin
 serves: fewest NUMA nodes, then NVLink/PCIe score, then what stays free). A set that differs but
 scores the same (span, score, left score) would count too; on these nodes none did. Orders: GPUs by index (before),
-and as published now (`plugin.dra.device_order.locality_order`). Nodes: every built-in, the real
+and as published now (`plugin.dra.slices.device_order.locality_order`). Nodes: every built-in, the real
 `nvidia-smi topo -m` captures given with --captures, and the issue's workstation node
 (tests/support/nodes/workstation-gpu0-numa1.yaml: GPU0 alone on NUMA node 1).
 
@@ -60,7 +60,7 @@ from allocator.scoring import evaluate
 from allocator.topology import DeviceGraph, DeviceKind, NodeTopology
 from allocator_bench import table
 from pairing_bench import close_pairs, is_close
-from plugin.dra.slices import SliceOptions, build_resource_slices, device_name
+from plugin.dra.slices.build import SliceOptions, build_resource_slices, device_name
 from plugin.sources.simulated import builtin_names, load_simulated
 
 WORKSTATION = HERE.parent / "tests" / "support" / "nodes" / "workstation-gpu0-numa1.yaml"

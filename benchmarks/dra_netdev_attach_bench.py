@@ -36,9 +36,9 @@ from apiserver_standin import ApiServerStandIn, write_kubeconfig
 from kubelet_standin import register, registration_sockets
 
 from plugin.dra import DraOptions, SliceOptions
+from plugin.kube.client import kubeconfig_api
+from plugin.dra.network.nic_config import API_VERSION, KIND
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.kubeapi import kubeconfig_api
-from plugin.dra.network_config import API_VERSION, KIND
 from plugin.sources.simulated import load_node_yaml
 
 DRIVER, NODE = "topo.dev", "node-a"

@@ -204,9 +204,9 @@ async def hung_run() -> float:
 async def checkpoint_writes(n: int) -> int:
     """The driver in this process, its checkpoint's file writes counted for one n-claim call."""
     from plugin.dra import DraOptions, SliceOptions
+    from plugin.dra.kubelet.checkpoint import ClaimCheckpoint
+    from plugin.kube.client import kubeconfig_api
     from plugin.runtime.compose.dra import dra_driver
-    from plugin.dra.checkpoint import ClaimCheckpoint
-    from plugin.dra.kubeapi import kubeconfig_api
     from plugin.sources.simulated import load_simulated
 
     writes = 0
@@ -246,8 +246,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 async def _phases(drv, kube, api: ApiServerStandIn, calls: int) -> dict[str, list[float]]:
     """The steps of a one-claim prepare, each timed alone: where the time of a call goes."""
-    from plugin.dra.checkpoint import PreparedClaim
-    from plugin.dra.slices import device_table
+    from plugin.dra.kubelet.checkpoint import PreparedClaim
+    from plugin.dra.slices.build import device_table
 
     table = device_table(drv.topology, drv.options.slices)
     out: dict[str, list[float]] = {}
@@ -279,7 +279,7 @@ async def latency_run(calls: int, profile: bool) -> tuple[list[tuple[str, str]],
     import pstats
 
     from plugin.dra import DraOptions, SliceOptions
-    from plugin.dra.kubeapi import kubeconfig_api
+    from plugin.kube.client import kubeconfig_api
     from plugin.runtime.compose.dra import dra_driver
     from plugin.sources.simulated import load_simulated
 
@@ -345,7 +345,7 @@ async def idle_run(gap_s: float, n: int) -> list[tuple[str, str]]:
     """Claim reads `gap_s` apart over TLS, then back to back: latency and connections opened."""
     import ssl
 
-    from plugin.dra.kubeapi import kubeconfig_api
+    from plugin.kube.client import kubeconfig_api
 
     tls = ROOT / "tests" / "dra" / "tls"
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -5,7 +5,7 @@ A private control plane (etcd, kube-apiserver, kube-scheduler of tests/e2e/clust
 dir; no kubelet and no controller manager. The scheduler places pods on fake Node objects created
 Ready (the TaintNodesByCondition admission plugin is off, so no `not-ready` taint that only the node
 controller would remove); each node gets the ResourceSlices our driver would publish for a built-in
-topology (plugin/dra/slices.py, node name set), or the *minimal* layout: GPUs only, with the
+topology (plugin/dra/slices/build.py, node name set), or the *minimal* layout: GPUs only, with the
 attributes NVIDIA's DRA driver publishes (type, index, uuid, productName, brand, architecture,
 cudaComputeCapability, cudaDriverVersion, driverVersion, pciBusID, pcieRoot; capacity memory).
 
@@ -26,7 +26,7 @@ NICs in two slices of one pool). `--repeat N` runs each case N times and prints 
 `--memory` instead starts a fresh control plane per topology and layout and reports the API server's
 RSS growth for the nodes and their slices.
 
-`--churn` instead measures the slice publisher (plugin/dra/publisher.py) against the real API server:
+`--churn` instead measures the slice publisher (plugin/dra/slices/publisher.py) against the real API server:
 one GPU flapping healthy/unhealthy every 100 ms for 5 s, with and without coalescing.
 
 Usage: python benchmarks/dra_scale_bench.py [--nodes 100] [--topologies dgx-h100,...] [--shapes ...]
@@ -58,7 +58,7 @@ import aiohttp
 from pki import PKI
 
 from allocator.topology import DeviceKind, NodeTopology
-from plugin.dra.slices import ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, SliceOptions, build_resource_slices
+from plugin.dra.slices.build import ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, SliceOptions, build_resource_slices
 from plugin.sources.simulated import load_simulated
 
 DRIVER = "topo.dev"
@@ -491,8 +491,8 @@ async def memory_case(bins: pathlib.Path, qps: int, topology: str, layout: str, 
 
 # -- churn: the publisher against the real API server ------------------------------------------------
 async def churn(cp: ControlPlane, min_interval_s: float, seconds: float = 5.0) -> dict[str, float]:
-    from plugin.dra.kubeapi import kubeconfig_api
-    from plugin.dra.publisher import SlicePublisher
+    from plugin.kube.client import kubeconfig_api
+    from plugin.dra.slices.publisher import SlicePublisher
 
     node = f"churn-{int(min_interval_s * 1000)}"
     await cp.req("POST", "/api/v1/nodes", node_obj(node))

@@ -46,9 +46,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("plugin/runtime/daemon.py", "HealthServer"):
         "made only when the daemon starts with --metrics-address (h11 loaded only then, docs/deployment.md) and "
         "bound to the daemon's own readiness",
-    ("plugin/dra/prepare.py", "GpuSharing"):
+    ("plugin/dra/kubelet/prepare.py", "GpuSharing"):
         "ClaimPreparer's default when built without a driver (its unit tests); the driver always passes the root's",
-    ("plugin/dra/prepare.py", "SimulatedTimeSlice"): "as above: the default's backend",
+    ("plugin/dra/kubelet/prepare.py", "SimulatedTimeSlice"): "as above: the default's backend",
 }
 
 

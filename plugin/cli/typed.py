@@ -48,7 +48,7 @@ def _label_node(settings: Settings) -> str | None:
 
 def dra_settings(settings: Settings) -> DraSettings:
     """The DRA side's settings; raises for a bad interface name, no NODE_NAME or a bad GPU index."""
-    from ..dra.network_config import is_ifname  # noqa: PLC0415 (DRA mode only)
+    from ..dra.network.nic_config import is_ifname  # noqa: PLC0415 (DRA mode only)
 
     v = settings.values
     if not is_ifname(v["pod_primary_interface"]):

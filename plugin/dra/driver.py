@@ -14,7 +14,7 @@ watching here, unlike the device-plugin side.
 Wiring (for the daemon): with `include` selecting the devices whose resource
 is in DRA mode (and the device-plugin side leaving exactly those out),
 
-    api = await in_cluster_api()                       # plugin.dra.kubeapi; kubeconfig_api(path) outside a pod
+    api = await in_cluster_api()                       # plugin.kube.client; kubeconfig_api(path) outside a pod
     options = DraOptions(SliceOptions(node_name=NODE_NAME, include=in_dra_mode), instance_id=POD_UID)
     driver = dra_driver(options, api)                  # plugin.runtime.compose.dra: the driver and its parts
     await driver.start(topology)                       # CheckpointError: exit 2, message names the file
@@ -23,7 +23,7 @@ is in DRA mode (and the device-plugin side leaving exactly those out),
 
 NICs (issue 21): with `netdev_attach="auto"` and NICs with a network
 interface among the devices served, `start` also connects to the container runtime's NRI socket
-(`plugin.nri.NriPlugin`) with `plugin.dra.pod_network.PodNetwork` as the
+(`plugin.nri.NriPlugin`) with `plugin.dra.network.pod_network.PodNetwork` as the
 handler, which moves each prepared NIC into its pod's network namespace when
 the sandbox starts. Otherwise (GPU-only, `netdev_attach="off"`) neither
 `plugin.nri` nor `plugin.netattach` (pyroute2) is even imported.
@@ -52,18 +52,18 @@ from allocator.topology import DeviceKind, NodeTopology
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ..model.cdi import CdiOptions
 from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS, TOOLKIT_STRATEGIES, ToolkitSpecs
-from .cdi import ClaimCdi, ClaimSpecs
-from .checkpoint import ClaimCheckpoint
-from .health_service import HealthBoard
+from .kubelet.cdi import ClaimCdi, ClaimSpecs
+from .kubelet.checkpoint import ClaimCheckpoint
+from .kubelet.health_service import HealthBoard
 from ..mps.control import MpsControl
-from .mig_prepare import CapsFor, MigPreparer, simulated_caps
-from .mps import ClaimMpsDaemons
-from .paths import DraPaths, new_instance_id
-from .prepare import ClaimNetwork, ClaimPreparer, PrepareLimits
-from .sharing import GpuSharing, state_path
-from .publisher import SlicePublisher
-from .service import RegistrationService, add_dra_services
-from .slices import SliceOptions, device_table
+from .claims.mps import ClaimMpsDaemons
+from .mig.prepare import CapsFor, MigPreparer, simulated_caps
+from .kubelet.paths import DraPaths, new_instance_id
+from .kubelet.prepare import ClaimNetwork, ClaimPreparer, PrepareLimits
+from .claims.sharing import GpuSharing, state_path
+from .slices.publisher import SlicePublisher
+from .kubelet.service import RegistrationService, add_dra_services
+from .slices.build import SliceOptions, device_table
 
 #: `--netdev-attach` values: attach NICs through NRI when DRA serves NICs, or never.
 NETDEV_ATTACH = ("auto", "off")
@@ -88,19 +88,19 @@ class DraOptions:
     dev_root: str = "/dev"
     #: Put the NCCL hint (NCCL_IB_HCA / NCCL_SOCKET_IFNAME) in each claim's CDI spec (`--nccl-env`).
     nccl_env: bool = False
-    #: Batch size, reads in flight and the read bound of NodePrepareResources (plugin/dra/prepare.py).
+    #: Batch size, reads in flight and the read bound of NodePrepareResources (plugin/dra/kubelet/prepare.py).
     prepare_limits: PrepareLimits = PrepareLimits()
     #: Seconds in-flight kubelet calls get to finish on stop before they are cancelled.
     stop_grace_s: float = 1.0
     #: Seconds between repeats of the device health list on the kubelet's DRAResourceHealth stream.
     health_heartbeat_s: float = 10.0
-    #: Dynamic MIG (`slices.mig.mode == "dynamic"`): creates and destroys MIG instances (plugin/sources/mig_instances.py);
+    #: Dynamic MIG (`slices.mig.mode == "dynamic"`): creates and destroys MIG instances (plugin/dra/mig/instances.py);
     #: a callable given the driver's plugin directory (where a simulated backend keeps its state).
     mig_backend: Any = None
     #: The capability nodes of a created MIG instance (`caps`, `caps_major` attributes); procfs on real GPUs.
     mig_caps: CapsFor = simulated_caps
     #: GPUs are real (NVML): claim time-slices are set with nvidia-smi; otherwise (simulated nodes) they are
-    #: kept in a file beside the checkpoint (plugin/dra/sharing.py).
+    #: kept in a file beside the checkpoint (plugin/dra/claims/sharing.py).
     real_gpus: bool = False
     #: MPS claims: the control daemons' host directory (`--mps-root`) and program (`--mps-control-binary`).
     mps_root: str = "/run/nvidia/mps"
@@ -183,13 +183,13 @@ class DraDriver:
         self.owns_api = owns_api
         self.publisher = parts.publisher
         self.registration = RegistrationService(options.driver_name, self.paths.service_socket, self._on_registered)
-        #: Device health for the kubelet's pod status (plugin/dra/health_service.py).
+        #: Device health for the kubelet's pod status (plugin/dra/kubelet/health_service.py).
         self.health = HealthBoard(options.slices, heartbeat_s=options.health_heartbeat_s)
         self._topology: NodeTopology | None = None
         self._service: grpc.aio.Server | None = None
         self._registrar: grpc.aio.Server | None = None
         self.preparer: ClaimPreparer | None = None
-        #: Dynamic MIG's instance keeper (plugin/dra/mig_prepare.py), when a GPU is partitionable.
+        #: Dynamic MIG's instance keeper (plugin/dra/mig/prepare.py), when a GPU is partitionable.
         self.mig: MigPreparer | None = None
         if options.slices.mig.mode == "dynamic" and options.mig_backend is not None:
             self.mig = MigPreparer(options.mig_backend(self.paths.plugin_dir), self.paths.mig_book,

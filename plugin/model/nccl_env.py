@@ -30,7 +30,7 @@ entry is the NIC on its PCIe switch. NCCL itself picks, for each GPU, the
 closest NIC among those named; the order makes the hint readable and stable.
 
 Pure (no gRPC, no files): the device-plugin side (`plugin.allocation.pairing_service`)
-and the DRA side (`plugin.dra.cdi`) give it the devices and a weight.
+and the DRA side (`plugin.dra.kubelet.cdi`) give it the devices and a weight.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 from allocator.topology import Device
 
@@ -39,51 +39,23 @@ _UNKNOWN = object()
 
 
 class NodeLabelApi(Protocol):
-    async def patch_labels(self, node: str, labels: dict[str, str | None]) -> None: ...
+    async def patch_node_labels(self, node: str, labels: dict[str, str | None]) -> None: ...
     async def close(self) -> None: ...
-
-
-class _LightkubeNodeApi:
-    """A merge patch of the Node's labels through lightkube's asyncio client."""
-
-    def __init__(self, client: Any):
-        self.client = client
-
-    async def patch_labels(self, node: str, labels: dict[str, str | None]) -> None:
-        from lightkube.resources.core_v1 import Node  # noqa: PLC0415 (lightkube only with --fabric-labels-node)
-        from lightkube.types import PatchType  # noqa: PLC0415 (as above)
-
-        import httpx2  # noqa: PLC0415 (as above)
-
-        from ..dra.kubeapi import KubeApiError  # noqa: PLC0415 (as above)
-
-        try:
-            await self.client.patch(Node, node, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE)
-        except httpx2.HTTPStatusError as e:  # the API server's answer, by code and Status reason in the log
-            try:
-                body = e.response.json()
-            except ValueError:
-                body = {}
-            status = body if isinstance(body, dict) and body.get("kind") == "Status" else {}
-            raise KubeApiError(e.response.status_code, status.get("reason") or e.response.reason_phrase,
-                               status.get("message") or "") from e
-
-    async def close(self) -> None:
-        await self.client.close()
 
 
 async def connect_node_api() -> NodeLabelApi:
     """The API server as `serve`'s DRA driver reaches it: the pod's service account, or KUBECONFIG outside a pod.
 
-    Raises `plugin.dra.kubeapi.KubeConfigError` naming what is missing.
+    `plugin.kube.client.KubeApi` is one; it raises `plugin.kube.errors.KubeConfigError` naming what is missing,
+    and each patch fails with one of `plugin.kube.errors` (the code, reason and message go to the log).
     """
-    from ..dra.kubeapi import in_cluster_api, kubeconfig_api  # noqa: PLC0415 (lightkube only with --fabric-labels-node)
+    from ..kube.client import in_cluster_api, kubeconfig_api  # noqa: PLC0415 (lightkube only with --fabric-labels-node)
 
     if os.environ.get("KUBERNETES_SERVICE_HOST") or not os.environ.get("KUBECONFIG"):
         api = await in_cluster_api()
     else:
         api = await kubeconfig_api(os.environ["KUBECONFIG"])
-    return _LightkubeNodeApi(api.client)
+    return api
 
 
 class NodeLabeller:
@@ -123,7 +95,7 @@ class NodeLabeller:
                 try:
                     if api is None:
                         api = await self.connect()
-                    await api.patch_labels(self.node, {CLIQUE_LABEL: wanted})
+                    await api.patch_node_labels(self.node, {CLIQUE_LABEL: wanted})
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001 - the API server's or the network's failure: retried

@@ -171,11 +171,11 @@ def test_a_one_character_class_crashes_the_library_so_we_never_write_one(cdi_val
 
 
 def test_dra_claim_specs_pass_the_cdi_library_beside_the_device_plugin_specs(cdi_validator, tmp_path) -> None:
-    """The DRA side's one-spec-per-claim files (plugin.dra.cdi, written through plugin.model.cdi) load in one
+    """The DRA side's one-spec-per-claim files (plugin.dra.kubelet.cdi, written through plugin.model.cdi) load in one
     directory with the device-plugin side's specs, and the IDs prepare returns inject the claim's devices."""
     from allocator.topology import DeviceKind
-    from plugin.dra.cdi import ClaimSpecs
-    from plugin.dra.slices import SliceOptions, device_table
+    from plugin.dra.kubelet.cdi import ClaimSpecs
+    from plugin.dra.slices.build import SliceOptions, device_table
     from plugin.sources.simulated.source import SimulatedSource
 
     topology = SimulatedSource("dgx-h100").load()

@@ -835,7 +835,7 @@ def test_dra_daemon_gets_its_option_identity_token_and_kubelet_directories(dra):
 
 
 def test_dra_rbac_is_what_the_driver_calls(dra):
-    """The API calls of plugin/dra/kubeapi.py, and nothing more."""
+    """The API calls of plugin/kube/client.py, and nothing more."""
     role = dra.get("ClusterRole")
     rules = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     assert rules == {("", "nodes"): {"get"}, ("resource.k8s.io", "resourceclaims"): {"get"},

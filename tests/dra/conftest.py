@@ -28,7 +28,7 @@ async def apiserver():
 @pytest.fixture
 async def kube_api(apiserver, tmp_path):
     """The driver's API client as the kubeconfig path option (tests, e2e) builds it."""
-    from plugin.dra.kubeapi import kubeconfig_api
+    from plugin.kube.client import kubeconfig_api
 
     api = await kubeconfig_api(write_kubeconfig(tmp_path / "kubeconfig", apiserver.url))
     yield api

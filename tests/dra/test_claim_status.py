@@ -6,7 +6,7 @@ field managers); what a real 1.37 API server accepts is checked in test_pod_netw
 
 from __future__ import annotations
 
-from plugin.dra.claim_status import ClaimStatusWriter, condition, device_entry
+from plugin.dra.claims.status import ClaimStatusWriter, condition, device_entry
 
 DRIVER = "topo.dev"
 

@@ -145,12 +145,12 @@ async def test_an_unreachable_api_server_is_retried_until_it_listens(tmp_path, m
     async def connect():
         """The daemon's own connection, with each patch attempt counted."""
         api = await connect_node_api()
-        patch = api.patch_labels
+        patch = api.patch_node_labels
 
         async def counted(node, new):
             tries.append(node)
             return await patch(node, new)
-        api.patch_labels = counted
+        api.patch_node_labels = counted
         return api
 
     labeller = NodeLabeller(NODE, connect, min_backoff_s=0.01, max_backoff_s=0.05)

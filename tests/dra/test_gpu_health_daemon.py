@@ -25,8 +25,8 @@ from topo_testkit.kubelet_standin import KubeletStandin
 
 from plugin.cli import cli
 from plugin.dra import DraOptions, SliceOptions
+from plugin.dra.kubelet.cdi import ClaimSpecs
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.cdi import ClaimSpecs
 from plugin.health.options import GpuHealthOptions
 from plugin.model.resources import ResourceOptions
 from plugin.runtime.daemon import Daemon

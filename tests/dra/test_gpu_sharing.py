@@ -20,12 +20,13 @@ from topo_testkit.with_fake_nvml import installed
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra.kubelet.cdi import ClaimSpecs
+from plugin.dra.claims.claim import parse_claim
+from plugin.dra.claims.opaque import OpaqueConfig, configs_for
+from plugin.dra.claims.gpu_config import API_VERSION, NVIDIA_API_VERSION, GpuConfigError, Interval, parse_gpu_config
+from plugin.dra.claims.sharing import SIMULATED_STATE_FILE
+from plugin.dra.slices.build import device_table
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.cdi import ClaimSpecs
-from plugin.dra.claim_config import OpaqueConfig, configs_for, opaque_configs
-from plugin.dra.gpu_config import API_VERSION, NVIDIA_API_VERSION, GpuConfigError, Interval, parse_gpu_config
-from plugin.dra.sharing import SIMULATED_STATE_FILE
-from plugin.dra.slices import device_table
 
 NODE = "node-a"
 DRIVER = "topo.dev"
@@ -96,7 +97,7 @@ def test_only_our_drivers_configs_are_read_and_a_claims_config_overrides_its_cla
         entry(gpu_config("Medium"), driver="gpu.nvidia.com"),
         entry(gpu_config("Short"), requests=["gpu"]),
     ]}}}}
-    configs = opaque_configs(claim, DRIVER)
+    configs = parse_claim(claim).opaque(DRIVER)
     assert [c.index for c in configs] == [0, 2]
     # A subrequest of a prioritized list matches its parent request.
     assert [c.index for c in configs_for(configs, "gpu/fast")] == [0, 2]

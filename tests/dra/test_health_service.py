@@ -22,9 +22,9 @@ import yaml
 from apiserver_standin import write_kubeconfig
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraOptions, SliceOptions
+from plugin.dra.kubelet.cdi import ClaimSpecs
+from plugin.dra.kubelet.health_service import HEALTH_SERVICES
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.cdi import ClaimSpecs
-from plugin.dra.health_service import HEALTH_SERVICES
 from plugin.sources.simulated import builtin_text
 from topo_testkit import pythonpath_env
 from topo_testkit.child_wait import until_child as wait_until

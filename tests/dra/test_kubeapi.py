@@ -1,4 +1,4 @@
-"""The driver's API client (plugin/dra/kubeapi.py) against the stand-in API server over real HTTP(S).
+"""The driver's API client (plugin/kube/client.py) against the stand-in API server over real HTTP(S).
 
 What a user would notice: a field of our slices that the client dropped on
 the way (the scheduler would never see it), an API error the publisher or the
@@ -16,9 +16,10 @@ import ssl
 import pytest
 from apiserver_standin import write_kubeconfig
 
-from plugin.dra.kubeapi import KubeApiError, KubeConfigError, in_cluster_api, kubeconfig_api
-from plugin.dra.publisher import SlicePublisher
-from plugin.dra.slices import SliceOptions, build_resource_slices
+from plugin.kube import KubeApiUnreachable, KubeConflict, KubeError, KubeForbidden, KubeInvalid, KubeNotFound
+from plugin.kube.client import KubeApiError, KubeConfigError, in_cluster_api, kubeconfig_api
+from plugin.dra.slices.publisher import SlicePublisher
+from plugin.dra.slices.build import SliceOptions, build_resource_slices
 
 NODE = "node-a"
 TLS = pathlib.Path(__file__).resolve().parent / "tls"
@@ -71,6 +72,43 @@ async def test_a_stale_resource_version_is_a_409_conflict(apiserver, kube_api, d
         await kube_api.replace_slice(s)
     assert (e.value.status, e.value.reason) == (409, "Conflict")
 
+
+
+async def test_each_failure_is_one_type_of_the_one_error_model_with_the_servers_message(apiserver, kube_api, dgx_h100):
+    """What a caller branches on (try later, gone, changed under us, our RBAC, what we sent) is the exception's
+    type, decided once in plugin/kube: the same for the DRA driver, node labels and the NRT publisher."""
+    with pytest.raises(KubeNotFound) as e:
+        await kube_api.get_claim("team", "missing")
+    assert not e.value.retryable and e.value.message == 'resourceclaims.resource.k8s.io "missing" not found'
+    [s] = build_resource_slices(dgx_h100, SliceOptions(node_name=NODE))
+    await kube_api.create_slice(s)
+    with pytest.raises(KubeConflict) as e:
+        await kube_api.create_slice(s)
+    assert e.value.retryable and e.value.reason == "AlreadyExists"
+    nameless = copy.deepcopy(s)
+    nameless["metadata"]["name"] = ""
+    with pytest.raises(KubeInvalid, match="422 Invalid: metadata.name: Required value") as e:
+        await kube_api.create_slice(nameless)
+    assert not e.value.retryable
+    apiserver.refuse_node_patches = 1
+    with pytest.raises(KubeApiError) as e:
+        await kube_api.patch_node_labels(NODE, {"example.com/x": "y"})
+    assert type(e.value) is KubeApiError and e.value.status == 503 and e.value.retryable
+    await kube_api.patch_node_labels(NODE, {"example.com/x": "y"})  # served once the server is ready
+    assert apiserver.nodes[NODE]["metadata"]["labels"]["example.com/x"] == "y"
+    apiserver.token = "rotated"
+    with pytest.raises(KubeForbidden, match="401 Unauthorized") as e:
+        await kube_api.list_slices(NODE, "topo.dev")
+    assert not e.value.retryable
+    assert all(issubclass(k, KubeError) for k in (KubeApiError, KubeApiUnreachable, KubeConfigError))
+
+
+def test_the_old_module_name_still_imports_the_one_client():
+    """Code written against plugin/dra/kubeapi.py before the move keeps working, with the same objects."""
+    from plugin.dra import kubeapi
+    from plugin.kube import client
+
+    assert kubeapi.kubeconfig_api is client.kubeconfig_api and kubeapi.KubeApiError is KubeApiError
 
 @pytest.fixture
 def service_account(tmp_path, monkeypatch):
@@ -162,7 +200,7 @@ async def test_no_answer_at_all_is_told_apart_from_an_error_answer(tmp_path):
     """A stopped API server: `KubeApiUnreachable` naming the server, so the claim preparer fails fast."""
     from apiserver_standin import ApiServerStandIn
 
-    from plugin.dra.kubeapi import KubeApiUnreachable
+    from plugin.kube.client import KubeApiUnreachable
 
     server = ApiServerStandIn(NODE)
     url = await server.start()

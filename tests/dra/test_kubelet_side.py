@@ -20,9 +20,9 @@ import pytest
 
 from kubelet_standin import KUBELET_137_SERVICES, register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra.kubelet.cdi import ClaimSpecs
+from plugin.dra.kubelet.checkpoint import CheckpointError
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.cdi import ClaimSpecs
-from plugin.dra.checkpoint import CheckpointError
 
 NODE = "node-a"
 DRIVER = "topo.dev"

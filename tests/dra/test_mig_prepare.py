@@ -14,11 +14,11 @@ import pytest
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra.kubelet.cdi import ClaimSpecs
+from plugin.dra.mig.devices import DraMig
+from plugin.dra.mig.prepare import BookEntry, MigBook
+from plugin.dra.mig.instances import NvmlMigBackend, SimulatedMigBackend, default_state_path
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.cdi import ClaimSpecs
-from plugin.dra.mig_devices import DraMig
-from plugin.dra.mig_prepare import BookEntry, MigBook
-from plugin.sources.mig_instances import NvmlMigBackend, SimulatedMigBackend, default_state_path
 from plugin.sources.mig_profiles import H100_80GB
 from plugin.sources.simulated import load_node_yaml
 from topo_testkit.fake_nvml import R470_MISSING, FakeNvml

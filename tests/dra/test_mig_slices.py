@@ -14,8 +14,8 @@ import re
 import pytest
 
 from allocator.topology import DeviceKind
-from plugin.dra.mig_devices import DraMig, counter_set_name
-from plugin.dra.slices import SliceOptions, build_resource_slices, device_table
+from plugin.dra.mig.devices import DraMig, counter_set_name
+from plugin.dra.slices.build import SliceOptions, build_resource_slices, device_table
 from plugin.sources.mig_profiles import A100_80GB, H100_80GB, table_for
 from plugin.sources.simulated import load_node_yaml
 from test_slice_validation import accepted, validate, validator  # noqa: F401 (the fixture)

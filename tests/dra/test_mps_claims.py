@@ -19,9 +19,9 @@ import pytest
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraOptions, SliceOptions
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.claim_config import OpaqueConfig
-from plugin.dra.gpu_config import NVIDIA_API_VERSION, parse_gpu_config
-from plugin.dra.slices import device_table
+from plugin.dra.claims.opaque import OpaqueConfig
+from plugin.dra.claims.gpu_config import NVIDIA_API_VERSION, parse_gpu_config
+from plugin.dra.slices.build import device_table
 
 NODE = "node-a"
 DRIVER = "topo.dev"

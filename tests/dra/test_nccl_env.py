@@ -18,8 +18,8 @@ import pytest
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra.slices.build import build_devices, device_table
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.slices import build_devices, device_table
 from topo_testkit.nccl_nodes import dgx_h100_ethernet_node, dgx_h100_node, expected_hint, gb300_cx8_dd_node
 from topo_testkit.sysfs_fixture import GeneratedNode, write_node
 

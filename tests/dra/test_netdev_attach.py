@@ -22,8 +22,8 @@ import pytest
 
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraOptions, SliceOptions
+from plugin.dra.network.nic_config import API_VERSION, KIND
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.network_config import API_VERSION, KIND
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
 

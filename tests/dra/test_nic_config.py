@@ -12,8 +12,9 @@ import copy
 
 import pytest
 
-from plugin.dra.network_config import API_VERSION, KIND, NicConfigError, NicNetwork, PlanLimits, Route, nic_plan
-from plugin.dra.slices import SliceOptions, device_table
+from plugin.dra.claims.claim import parse_claim
+from plugin.dra.network.nic_config import API_VERSION, KIND, NicConfigError, NicNetwork, PlanLimits, Route, nic_plan
+from plugin.dra.slices.build import SliceOptions, device_table
 from plugin.sources.simulated import load_node_yaml
 
 DRIVER = "topo.dev"
@@ -49,7 +50,7 @@ def nic_config(requests=None, driver=DRIVER, **params) -> dict:
 
 
 def plan(c: dict, alloc: list, limits: PlanLimits = PlanLimits()) -> dict:
-    return nic_plan("team/pair", c, DRIVER, alloc, MAX_MTU.get, limits)
+    return nic_plan("team/pair", parse_claim(c), DRIVER, alloc, MAX_MTU.get, limits)
 
 
 PAIR = allocated(gpus=["gpu-0", "gpu-1"], nic=["nic-nic0"])
@@ -189,7 +190,7 @@ def test_a_gateway_is_reached_through_an_address_of_its_network_or_ipv6_link_loc
 
 def test_a_netdev_missing_from_the_node_is_refused_before_anything_moves():
     with pytest.raises(NicConfigError, match=r"device nic-nic0: network interface ens1f0 .* not in the node's "):
-        nic_plan("team/pair", claim(), DRIVER, PAIR, lambda _: None, PlanLimits())
+        nic_plan("team/pair", parse_claim(claim()), DRIVER, PAIR, lambda _: None, PlanLimits())
 
 
 def test_class_entries_are_named_as_the_classs():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.dra.paths import UNIX_PATH_MAX, DraPaths
+from plugin.dra.kubelet.paths import UNIX_PATH_MAX, DraPaths
 
 POD_UID = "0f8e4d2c-6b1a-4e3f-9a7d-5c2b1e0d9f8a"
 

@@ -18,13 +18,13 @@ import uuid
 
 import pytest
 
-from plugin.dra.cdi import ClaimSpecs
-from plugin.dra.checkpoint import ClaimCheckpoint
-from plugin.dra.claim_status import ClaimStatusWriter
-from plugin.dra.network_config import API_VERSION, KIND
-from plugin.dra.pod_network import PodNetwork
-from plugin.dra.prepare import ClaimPreparer, ClaimRef
-from plugin.dra.slices import SliceOptions
+from plugin.dra.kubelet.cdi import ClaimSpecs
+from plugin.dra.kubelet.checkpoint import ClaimCheckpoint
+from plugin.dra.claims.status import ClaimStatusWriter
+from plugin.dra.network.nic_config import API_VERSION, KIND
+from plugin.dra.network.pod_network import PodNetwork
+from plugin.dra.kubelet.prepare import ClaimPreparer, ClaimRef
+from plugin.dra.slices.build import SliceOptions
 from plugin.nri import PodSandbox as Sandbox
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "netattach"))
@@ -335,10 +335,10 @@ async def test_a_pod_stopped_while_the_driver_was_away_is_said_so_once_and_nothi
     stopped = Sandbox(str(uuid.uuid4()), "team", "stopped", f"/var/run/netns/gone-{uuid.uuid4().hex[:8]}")
     uid = apiserver.add_claim("team", "c", results(("nic-nic0", "nic")), pods=[stopped.uid])
     await s.preparer.prepare(ClaimRef("team", uid, "c"))
-    caplog.set_level("INFO", logger="plugin.dra.pod_network")
+    caplog.set_level("INFO", logger="plugin.dra.network.pod_network")
     await s.network.synchronize([stopped])
     await s.network.synchronize([stopped])  # the runtime reconnects: not said again
-    said = [r.getMessage() for r in caplog.records if r.name == "plugin.dra.pod_network"]
+    said = [r.getMessage() for r in caplog.records if r.name == "plugin.dra.network.pod_network"]
     assert said.count("pod is stopped (its network namespace is gone): its NICs stay in the node") == 1, said
     assert not [m for m in said if "failed" in m], said
     assert link(None, a.name)["address"] == a.mac

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from allocator.topology import Device, DeviceKind, NodeTopology
-from plugin.dra.publisher import SlicePublisher
-from plugin.dra.slices import SliceOptions
+from plugin.dra.slices.publisher import SlicePublisher
+from plugin.dra.slices.build import SliceOptions
 
 NODE = "node-a"
 OPTS = SliceOptions(node_name=NODE)

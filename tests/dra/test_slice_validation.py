@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from allocator.topology import Device, DeviceKind, NodeTopology
-from plugin.dra.slices import SliceOptions, build_resource_slices
+from plugin.dra.slices.build import SliceOptions, build_resource_slices
 from plugin.sources.simulated import builtin_names, load_simulated
 from tests.conftest import TOPOLOGIES
 

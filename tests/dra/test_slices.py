@@ -10,7 +10,7 @@ from itertools import combinations
 import pytest
 
 from allocator.topology import Device, DeviceKind, Link, LinkLevel, NodeTopology
-from plugin.dra.slices import (ATTR_NUMA_NODE, ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, SliceOptions,
+from plugin.dra.slices.build import (ATTR_NUMA_NODE, ATTR_PCI_BUS_ID, ATTR_PCIE_ROOT, SliceOptions,
                                build_resource_slices, device_table)
 from plugin.sources.simulated import builtin_names, load_simulated
 from tests.conftest import TOPOLOGIES

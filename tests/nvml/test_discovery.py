@@ -273,7 +273,7 @@ def test_nvswitch_links_hold_when_the_switch_address_is_unknown(source, mode, tm
     pair reads NV<n> as on the real node (NV18 on H100/B200/GB200, NV12 on A100), and the DRA
     slices carry one `nvlinkDomain` for all the GPUs.
     """
-    from plugin.dra.slices import SliceOptions, build_resource_slices
+    from plugin.dra.slices.build import SliceOptions, build_resource_slices
 
     sim = load_simulated(source)
     found, fake = discover(sim, tmp_path, switch_address="unknown", remote_device_type=mode)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from allocator.topology import FabricInfo, NodeTopology
-from plugin.dra.slices import SliceOptions, build_devices
+from plugin.dra.slices.build import SliceOptions, build_devices
 from plugin.sources import load_simulated
 from plugin.sources.nvml_gpus import discover_gpus
 from topo_testkit.fake_nvml import FakeNvml

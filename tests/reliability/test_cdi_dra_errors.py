@@ -50,7 +50,7 @@ def roots(short_tmp):
 
 @pytest.fixture
 async def driver(roots, apiserver, tmp_path):
-    from plugin.dra.kubeapi import kubeconfig_api
+    from plugin.kube.client import kubeconfig_api
 
     api = await kubeconfig_api(write_kubeconfig(tmp_path / "kubeconfig", apiserver.url))
     opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=roots[1],
@@ -90,7 +90,7 @@ async def test_a_cdi_directory_replaced_by_a_file_gives_the_reason_and_the_fix(d
     assert f"(fix: {cdi} is not a directory: remove or rename it" in error, error
     assert not resp.claims[uid].devices
     # The node's problem is logged as an error with the same reason and fix, without a traceback.
-    [line] = [r for r in caplog.records if r.name == "plugin.dra.service" and r.levelno >= logging.WARNING]
+    [line] = [r for r in caplog.records if r.name == "plugin.dra.kubelet.service" and r.levelno >= logging.WARNING]
     assert line.levelno == logging.ERROR and "CDI directory is unusable" in line.getMessage()
     assert "fix:" in line.reason
     no_traceback(caplog)
@@ -121,7 +121,7 @@ async def test_a_claim_uid_that_cannot_name_a_file_is_refused(driver, roots, api
     # Unprepare of such a UID is refused the same way (it never removes a file outside the directory).
     resp = await plugin.unprepare(("team", uid, "odd"))
     assert all(w in resp.claims[uid].error for w in words)
-    refusals = [r for r in caplog.records if r.name == "plugin.dra.service" and r.levelno >= logging.WARNING]
+    refusals = [r for r in caplog.records if r.name == "plugin.dra.kubelet.service" and r.levelno >= logging.WARNING]
     assert [r.levelno for r in refusals] == [logging.WARNING, logging.WARNING]
     no_traceback(caplog)
 

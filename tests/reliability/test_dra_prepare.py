@@ -38,10 +38,10 @@ from kubelet_standin import register, registration_sockets
 from plugin.api.dra.v1 import api_pb2 as dra_pb2
 from plugin.api.dra.v1 import api_pb2_grpc as dra_grpc
 from plugin.dra import DraDriver, DraOptions, SliceOptions
+from plugin.dra.kubelet.cdi import ClaimSpecs
+from plugin.kube.client import kubeconfig_api
+from plugin.dra.kubelet.prepare import PrepareLimits
 from plugin.runtime.compose.dra import dra_driver
-from plugin.dra.cdi import ClaimSpecs
-from plugin.dra.kubeapi import kubeconfig_api
-from plugin.dra.prepare import PrepareLimits
 from plugin.sources.simulated import load_simulated
 
 pytestmark = pytest.mark.timeout(300)

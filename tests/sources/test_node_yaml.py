@@ -72,7 +72,7 @@ def test_schema_errors_name_file_line_and_field(broken, where, field):
 def test_nic_netdev_and_rdma_device_reach_the_dra_slice():
     """A simulated NIC can name its network interface and RDMA device; DRA publishes the netdev (what the
     pod-network side attaches) and a NIC without one has none."""
-    from plugin.dra.slices import SliceOptions, build_resource_slices
+    from plugin.dra.slices.build import SliceOptions, build_resource_slices
 
     text = GOOD.replace("- {name: eth0, numa: 1}", "- {name: eth0, numa: 1, netdev: ens1f0, rdmaDevice: mlx5_0}\n"
                         "  - {name: eth1, numa: 0}")

@@ -82,7 +82,7 @@ class DeviceNode:
 
 @dataclass(frozen=True)
 class Mount:
-    """A bind mount of a host directory (the MPS pipe directory of a DRA claim: `plugin.dra.mps`)."""
+    """A bind mount of a host directory (the MPS pipe directory of a DRA claim: `plugin.dra.claims.mps`)."""
 
     host_path: str
     container_path: str

@@ -22,15 +22,15 @@ from .settings import DraSettings
 
 if TYPE_CHECKING:
     from ...dra.driver import DraDriver, DraOptions, DraParts, NicSide
-    from ...dra.mig_devices import DraMig
-    from ...dra.sharing import GpuSharing
+    from ...dra.mig.devices import DraMig
+    from ...dra.claims.sharing import GpuSharing
 
 log = logging.getLogger(__name__)
 
 
 def sharing_backend(options: DraOptions) -> Callable[[str], GpuSharing]:
     """Claim time-slices: set with nvidia-smi on real GPUs, kept in a file beside the checkpoint otherwise."""
-    from ...dra.sharing import GpuSharing, NvidiaSmiTimeSlice, SimulatedTimeSlice  # noqa: PLC0415 (DRA mode only)
+    from ...dra.claims.sharing import GpuSharing, NvidiaSmiTimeSlice, SimulatedTimeSlice  # noqa: PLC0415 (DRA mode only)
 
     driver = options.driver_name
     if not options.real_gpus:
@@ -50,9 +50,9 @@ def sharing_backend(options: DraOptions) -> Callable[[str], GpuSharing]:
 
 def nic_side(driver: DraDriver) -> NicSide:
     """The pod network of `driver`: NICs moved into their pods' namespaces through NRI (pyroute2 loaded here)."""
-    from ...dra.claim_status import ClaimStatusWriter  # noqa: PLC0415 (only where NICs move)
+    from ...dra.claims.status import ClaimStatusWriter  # noqa: PLC0415 (only where NICs move)
     from ...dra.driver import NicSide  # noqa: PLC0415 (as above)
-    from ...dra.pod_network import PodNetwork  # noqa: PLC0415 (as above)
+    from ...dra.network.pod_network import PodNetwork  # noqa: PLC0415 (as above)
     from ...netattach import NetAttacher, exists, max_mtu  # noqa: PLC0415 (pyroute2 only where NICs move)
     from ...nri import NriPlugin  # noqa: PLC0415 (as above)
 
@@ -77,7 +77,7 @@ def nic_side(driver: DraDriver) -> NicSide:
 def dra_parts(options: DraOptions, api: Any) -> DraParts:
     """The collaborators of a driver with `options` talking to `api`."""
     from ...dra.driver import DraParts  # noqa: PLC0415 (DRA mode only)
-    from ...dra.publisher import SlicePublisher  # noqa: PLC0415 (as above)
+    from ...dra.slices.publisher import SlicePublisher  # noqa: PLC0415 (as above)
 
     return DraParts(publisher=SlicePublisher(api, options.slices, resync_s=options.resync_s),
                     sharing=sharing_backend(options), nic_side=nic_side)
@@ -96,12 +96,12 @@ def dra_mig(s: DraSettings) -> tuple[DraMig, Callable[[str], Any] | None, Any]:
     A simulated node keeps its MIG instances in a file in the driver's plugin directory
     (`simulated-mig.json`); real GPUs go through NVML, with capability nodes from procfs.
     """
-    from ...dra.mig_devices import DraMig  # noqa: PLC0415 (DRA mode only)
-    from ...dra.mig_prepare import simulated_caps  # noqa: PLC0415 (DRA mode only)
+    from ...dra.mig.devices import DraMig  # noqa: PLC0415 (DRA mode only)
+    from ...dra.mig.prepare import simulated_caps  # noqa: PLC0415 (DRA mode only)
 
     if s.mig_mode != "dynamic":
         return DraMig(s.mig_mode, s.mig_gpus), None, simulated_caps
-    from ...sources.mig_instances import NvmlMigBackend, SimulatedMigBackend, default_state_path  # noqa: PLC0415 (dynamic MIG only)
+    from ...dra.mig.instances import NvmlMigBackend, SimulatedMigBackend, default_state_path  # noqa: PLC0415 (dynamic MIG only)
 
     if s.simulated:
         return (DraMig(s.mig_mode, s.mig_gpus, placements=lambda g: SimulatedMigBackend(os.devnull).placements(g)),
@@ -142,7 +142,7 @@ def dra_factory(s: DraSettings) -> DraFactory:
 
     async def make(include: Callable[[Device], bool]) -> DraSide:
         from ...dra import DraOptions, SliceOptions  # noqa: PLC0415 (DRA mode only: lightkube and the DRA driver)
-        from ...dra.kubeapi import KubeConfigError, in_cluster_api, kubeconfig_api  # noqa: PLC0415 (DRA mode only)
+        from ...kube.client import KubeConfigError, in_cluster_api, kubeconfig_api  # noqa: PLC0415 (DRA mode only)
 
         mig, backend, caps = dra_mig(s)
         try:

@@ -33,8 +33,8 @@ from toolkit_node import PROBE, make_toolkit_spec
 from workloads import NAMESPACE, REPORT_MARK, Node, StageTimes, chart_values, daemon_pods, diagnose, helm_upgrade, \
     wait_allocatable, wait_daemon_ready, workload
 
-from plugin.dra.checkpoint import ClaimCheckpoint
-from plugin.dra.slices import SliceOptions, build_resource_slices, device_name
+from plugin.dra.kubelet.checkpoint import ClaimCheckpoint
+from plugin.dra.slices.build import SliceOptions, build_resource_slices, device_name
 from plugin.sources.simulated import load_simulated
 
 pytestmark = pytest.mark.timeout(1800)

@@ -3,7 +3,7 @@
 KEP-4680 (ResourceHealthStatus, beta and on by default since 1.36; ResourceHealthStatusMessage
 too): the kubelet writes the health of each device a container holds into
 `status.containerStatuses[].allocatedResourcesStatus`. For a DRA claim it learns it from our
-DRAResourceHealth stream (plugin/dra/health_service.py), for an extended resource from the
+DRAResourceHealth stream (plugin/dra/kubelet/health_service.py), for an extended resource from the
 device plugin's ListAndWatch. One cluster for this module (tests/e2e/cluster, containerd with
 CDI as in test_dra_cluster.py); the chart serves the simulated DGX H100 with the GPUs through
 DRA and the NICs through the device-plugin API, so one node runs both kinds of pod. The tests

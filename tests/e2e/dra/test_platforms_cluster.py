@@ -29,7 +29,7 @@ from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, diagnose, helm
     workload
 
 from allocator.topologymanager import machine_numa
-from plugin.dra.slices import device_name
+from plugin.dra.slices.build import device_name
 from plugin.sources.fabric_labels import CLIQUE_LABEL
 from plugin.sources.simulated import load_simulated
 

@@ -31,9 +31,9 @@ from sandbox import NODE_IP, wait_for
 from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
     wait_daemon_ready, workload
 
-from plugin.dra.checkpoint import ClaimCheckpoint
-from plugin.dra.sharing import SIMULATED_STATE_FILE
-from plugin.dra.slices import SliceOptions, device_table
+from plugin.dra.kubelet.checkpoint import ClaimCheckpoint
+from plugin.dra.claims.sharing import SIMULATED_STATE_FILE
+from plugin.dra.slices.build import SliceOptions, device_table
 from plugin.sources.simulated import load_simulated
 
 pytestmark = pytest.mark.timeout(1800)

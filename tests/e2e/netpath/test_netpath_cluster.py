@@ -36,7 +36,7 @@ from sandbox import NODE_IP, wait_for
 from workloads import NAMESPACE, StageTimes, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
     wait_daemon_ready
 
-from plugin.dra.slices import device_name
+from plugin.dra.slices.build import device_name
 from plugin.sources.simulated import load_simulated
 
 pytestmark = pytest.mark.timeout(1800)

@@ -29,12 +29,12 @@ from typing import Any
 
 from allocator.topology import Device
 
-from ..atomic_file import replace_file
-from ..errors import InputError
-from ..sources.mig_instances import MigBackend, MigError, MigInstance
-from ..sources.mig_profiles import Placement, table_for
-from ..sources.nvml_mig import cap_minors, caps_attribute
-from .mig_devices import DYNAMIC, START
+from ...atomic_file import replace_file
+from ...errors import InputError
+from .instances import MigBackend, MigError, MigInstance
+from ...sources.mig_profiles import Placement, table_for
+from ...sources.nvml_mig import cap_minors, caps_attribute
+from .devices import DYNAMIC, START
 
 log = logging.getLogger(__name__)
 

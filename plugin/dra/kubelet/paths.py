@@ -39,7 +39,7 @@ import stat
 import uuid
 from dataclasses import dataclass
 
-from ..errors import RuntimeFailure
+from ...errors import RuntimeFailure
 
 #: Longest path a unix socket may have on Linux (sun_path is 108 bytes with the NUL).
 UNIX_PATH_MAX = 107
@@ -107,7 +107,7 @@ class DraPaths:
 
     @property
     def mig_book(self) -> str:
-        """MIG instances made for claims (dynamic MIG; plugin/dra/mig_prepare.py)."""
+        """MIG instances made for claims (dynamic MIG; plugin/dra/mig/prepare.py)."""
         return os.path.join(self.plugin_dir, "mig-instances.json")
 
     @property

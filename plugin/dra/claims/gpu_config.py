@@ -24,7 +24,7 @@ prepared; the kubelet shows the message in the pod's events): an unknown
 apiVersion for `kind: GpuConfig`, unknown fields (a typo must not silently
 mean "no sharing"), a strategy other than TimeSlicing or MPS, an interval
 outside the four names, `mpsConfig` next to TimeSlicing and `timeSlicingConfig`
-next to MPS. `strategy: MPS` and its `mpsConfig` are read by `plugin.dra.mps`. Configs of other kinds are other parsers'
+next to MPS. `strategy: MPS` and its `mpsConfig` are read by `plugin.dra.claims.mps`. Configs of other kinds are other parsers'
 (e.g. NIC configs); this module only reads `kind: GpuConfig`.
 """
 
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from .claim_config import OpaqueConfig, configs_for
 from .mps import MpsConfigError, MpsSettings, parse_mps_config
+from .opaque import OpaqueConfig, configs_for
 
 KIND = "GpuConfig"
 API_VERSION = "gpu.topo-device-plugin.io/v1alpha1"

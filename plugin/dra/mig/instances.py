@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 from allocator.topology import Device
 
-from ..atomic_file import replace_file
-from .mig_profiles import COMPUTE_SLICES, MEMORY_SLICES, GpuMigTable, Placement, table_for
-from .nvml_mig import ProfileCalls
+from ...atomic_file import replace_file
+from ...sources.mig_profiles import COMPUTE_SLICES, MEMORY_SLICES, GpuMigTable, Placement, table_for
+from ...sources.nvml_mig import ProfileCalls
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """GPU time-slicing for DRA claims: which interval each GPU of a claim gets, one setting per GPU, and applying it.
 
-Why here and how it fits the preparer (plugin/dra/prepare.py):
+Why here and how it fits the preparer (plugin/dra/kubelet/prepare.py):
 - `wanted(claim, allocated)` reads the claim's GpuConfigs (gpu_config.py) while
   the claim is read, so a bad config fails the claim before anything is
   written;
@@ -46,8 +46,9 @@ from typing import Any, Protocol, cast
 
 from allocator.topology import Device, DeviceKind
 
-from ..atomic_file import replace_file
-from .claim_config import opaque_configs
+from ...atomic_file import replace_file
+from .claim import Claim
+from .gpu_config import KIND as GPU_KIND
 from .gpu_config import GpuConfigError, Interval, config_for_request, gpu_configs
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ def state_path(checkpoint_path: str) -> str:
 
 def device_settings(wanted: Mapping[str, Interval]) -> dict[str, dict[str, str]]:
     """What the claim's CDI spec tells each container about its GPUs' sharing: {device: {env suffix: value}}
-    (`TOPO_DEV_GPU_0_TIMESLICE=Short`; plugin/dra/cdi.py builds the names)."""
+    (`TOPO_DEV_GPU_0_TIMESLICE=Short`; plugin/dra/kubelet/cdi.py builds the names)."""
     return {name: {"TIMESLICE": interval.value} for name, interval in wanted.items()}
 
 
@@ -207,24 +208,22 @@ class GpuSharing:
         self.driver = driver
         self.backend = backend
 
-    def wanted(self, claim: dict[str, Any], allocated: Sequence[tuple[str, Device, list[str]]]) -> dict[str, Interval]:
+    def wanted(self, claim: Claim, allocated: Sequence[tuple[str, Device, list[str]]]) -> dict[str, Interval]:
         """{slice device name: interval} for the claim's GPUs whose request has a GpuConfig with sharing.
 
         Raises `SharingRefused` for a bad config, or a config that names a request which got a NIC.
         """
         try:
-            parsed = gpu_configs(opaque_configs(claim, self.driver))
+            parsed = gpu_configs(claim.opaque(self.driver, kinds=(GPU_KIND,)))
         except GpuConfigError as e:
             raise SharingRefused(str(e)) from None
         if not parsed:
             return {}
-        # The results' own request names: a subrequest of a prioritized list (`gpu/fast`) may have a config of
+        # The results' own request paths: a subrequest of a prioritized list (`gpu/fast`) may have a config of
         # its own, which the parent names `allocated` carries could not find.
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
         full: dict[str, list[str]] = {}
-        for r in results:
-            if r.get("driver") == self.driver:
-                full.setdefault(str(r.get("device")), []).append(str(r.get("request", "")))
+        for r in claim.results_of(self.driver):
+            full.setdefault(str(r.device), []).append(r.request_path)
         out: dict[str, Interval] = {}
         for name, dev, requests in allocated:
             for request in full.get(name) or requests or [""]:

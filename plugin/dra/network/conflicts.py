@@ -1,6 +1,6 @@
 """A claim's NICs against those of the claims already prepared on this node (issue 35).
 
-`plugin.dra.network_config` checks one claim on its own; what it cannot see is
+`plugin.dra.network.nic_config` checks one claim on its own; what it cannot see is
 the other claims. Three things only show once they are put together, and each
 used to fail the pod's sandbox start, after the sandbox existed (containerd
 before 2.2.6 then leaks the pod's pause container, docs/networking.md):
@@ -25,8 +25,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 
-from .checkpoint import PreparedClaim
-from .network_config import NicConfigError, NicNetwork
+from ..kubelet.checkpoint import PreparedClaim
+from .nic_config import NicConfigError, NicNetwork
 
 
 def check_conflicts(claim_ref: str, uid: str, pods: Sequence[str], networks: Mapping[str, NicNetwork],

@@ -9,7 +9,7 @@ fsync, rename, directory fsync). Two calls are all the driver needs:
   replaces) one spec file for the claim and returns, per device and in the same
   order, the fully qualified CDI device IDs (`vendor/class=name`) the container
   runtime must inject; `settings` adds env for what prepare set on a device
-  (`TOPO_DEV_GPU_0_TIMESLICE=Short`, plugin/dra/sharing.py);
+  (`TOPO_DEV_GPU_0_TIMESLICE=Short`, plugin/dra/claims/sharing.py);
 - `remove_claim_spec(claim_uid)` removes it; removing one that is not there
   is not an error (unprepare must be idempotent).
 
@@ -49,12 +49,12 @@ from typing import Protocol
 from allocator.pairing import pair_weight
 from allocator.topology import Device, DeviceKind, NodeTopology
 
-from ..model.cdi import CdiOptions, CdiSpecWriter, claim_spec
-from ..model.cdi.spec import Edits
-from ..model.cdi.toolkit import ToolkitSpecs
-from ..model.cdi.writer import CdiWriteError
-from ..model.nccl_env import nccl_env
-from ..errors import RuntimeFailure, shorten
+from ...model.cdi import CdiOptions, CdiSpecWriter, claim_spec
+from ...model.cdi.spec import Edits
+from ...model.cdi.toolkit import ToolkitSpecs
+from ...model.cdi.writer import CdiWriteError
+from ...model.nccl_env import nccl_env
+from ...errors import RuntimeFailure, shorten
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ClaimCdi(Protocol):
                          edits: Mapping[str, Edits] | None = None) -> list[list[str]]:
         """Write the claim's spec; `devices` are (slice device name, Device); `settings` adds env per device
         ({name: {suffix: value}} -> `TOPO_DEV_<NAME>_<SUFFIX>=value`), `edits` env and mounts as they are
-        (MPS: `plugin.dra.mps`); returns CDI IDs per device."""
+        (MPS: `plugin.dra.claims.mps`); returns CDI IDs per device."""
         ...
 
     def remove_claim_spec(self, claim_uid: str) -> None: ...

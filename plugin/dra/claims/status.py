@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..backoff import Backoff
+from ...backoff import Backoff
 
 log = logging.getLogger(__name__)
 

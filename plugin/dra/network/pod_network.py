@@ -1,6 +1,6 @@
 """The pod's NICs into its network namespace when its sandbox starts, and back when it goes (issue 21).
 
-Where it sits: the DRA driver prepares a claim (`plugin.dra.prepare`, with
+Where it sits: the DRA driver prepares a claim (`plugin.dra.kubelet.prepare`, with
 `plan` below checking its NicConfig and deciding each NIC's pod interface);
 the container runtime then creates the pod's sandbox and, through NRI
 (`plugin.nri`), tells us (`run_pod_sandbox`) with the pod's UID and network
@@ -9,7 +9,7 @@ prepare. `plugin.netattach.NetAttacher` moves and configures it and keeps the
 ledger that makes a restart safe; this module only decides which NICs belong
 to which pod (the prepared claims reserved for it, from the checkpoint) and
 reports the result on the claim (`status.devices[].networkData`, through
-`plugin.dra.claim_status`, in the background).
+`plugin.dra.claims.status`, in the background).
 
 The way back: StopPodSandbox and RemovePodSandbox detach the pod's NICs
 (either may come first, both may come; detaching twice is a no-op), and so
@@ -34,10 +34,11 @@ from typing import Any, Protocol
 
 from allocator.topology import DeviceKind
 
-from .checkpoint import ClaimCheckpoint, PreparedClaim
-from .claim_status import ClaimStatusWriter, condition, device_entry
-from .network_config import NicConfigError, NicNetwork, NicProbe, PlanLimits, nic_plan
-from .prepare import Allocated, ClaimRef
+from ..kubelet.checkpoint import ClaimCheckpoint, PreparedClaim
+from ..claims.status import ClaimStatusWriter, condition, device_entry
+from ..claims.claim import Claim
+from .nic_config import NicConfigError, NicNetwork, NicProbe, PlanLimits, nic_plan
+from ..kubelet.prepare import Allocated, ClaimRef
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class Attacher(Protocol):
 def interface_spec(n: NicNetwork) -> Any:
     """Our checkpoint's record of a NIC as `plugin.netattach.InterfaceSpec` (imported here, not at module
     import: pyroute2 loads only on nodes that attach NICs)."""
-    from ..netattach import InterfaceSpec, RouteSpec  # noqa: PLC0415 (pyroute2 only where NICs move)
+    from ...netattach import InterfaceSpec, RouteSpec  # noqa: PLC0415 (pyroute2 only where NICs move)
 
     return InterfaceSpec(host_name=n.host_name, pod_name=n.pod_name, addresses=n.addresses,
                          routes=tuple(RouteSpec(r.destination, r.gateway) for r in n.routes), mtu=n.mtu,
@@ -78,7 +79,7 @@ def interface_spec(n: NicNetwork) -> Any:
 
 
 class PodNetwork:
-    """`plugin.nri.PodSandboxHandler` and `plugin.dra.prepare.ClaimNetwork` for one driver on one node."""
+    """`plugin.nri.PodSandboxHandler` and `plugin.dra.kubelet.prepare.ClaimNetwork` for one driver on one node."""
 
     active = True
 
@@ -101,7 +102,7 @@ class PodNetwork:
         self._told_stopped: set[str] = set()
 
     # -- prepare side (ClaimNetwork) --------------------------------------------------------------
-    async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+    async def plan(self, ref: ClaimRef, claim: Claim, allocated: Allocated) -> dict[str, NicNetwork]:
         # The node's answer about each netdev first, in a worker thread: netlink calls block (and pyroute2's
         # synchronous socket cannot even be opened on a thread running an event loop).
         netdevs = sorted({d.attributes["netdev"] for _, d, _ in allocated

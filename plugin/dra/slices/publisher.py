@@ -24,7 +24,7 @@ the previous one began and always builds from the latest topology, so a burst
 costs about one write per second and its final state is published within
 `min_interval_s` (plus one pass) of the last change: the trailing pass.
 
-Device health: see plugin/dra/slices.py. If the API server drops the taints
+Device health: see plugin/dra/slices/build.py. If the API server drops the taints
 we send (DRADeviceTaints off, e.g. Kubernetes 1.34), unhealthy devices would
 look healthy; the publisher notices the dropped field in the server's answer,
 logs it once and republishes with unhealthy devices removed instead.
@@ -44,9 +44,9 @@ from typing import Any
 
 from allocator.topology import NodeTopology
 
-from ..backoff import Backoff
-from ..watch.event_wait import wait_event
-from .slices import SliceOptions, build_resource_slices
+from ...backoff import Backoff
+from ...watch.event_wait import wait_event
+from .build import SliceOptions, build_resource_slices
 
 log = logging.getLogger(__name__)
 

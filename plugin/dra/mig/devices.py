@@ -15,7 +15,7 @@ Two ways, chosen by `--dra-mig` (`DraMig.mode`) for the GPUs in MIG mode:
   (`memory-slice-0`..`7`, value 1). A placement consumes the memory slices it covers, so two
   overlapping placements never fit together; the whole GPU consumes everything, so it and any
   placement exclude each other. The scheduler does the arithmetic; the driver creates the
-  instance at prepare (plugin/dra/mig_prepare.py). Placement devices carry `placementStart`
+  instance at prepare (plugin/dra/mig/prepare.py). Placement devices carry `placementStart`
   and `placementSize` too.
 
 API rules (resource.k8s.io/v1, Kubernetes 1.37): counter sets live in slices of their own
@@ -33,8 +33,8 @@ from typing import Any
 
 from allocator.topology import Device, DeviceKind, NodeTopology
 
-from ..model.mig_strategy import mig_enabled
-from ..sources.mig_profiles import COMPUTE_SLICES, MEMORY_SLICES, Placement, table_for
+from ...model.mig_strategy import mig_enabled
+from ...sources.mig_profiles import COMPUTE_SLICES, MEMORY_SLICES, Placement, table_for
 
 MIG_MODES = ("none", "static", "dynamic")
 #: `Device.attributes` of a placement device (prepare creates its instance).

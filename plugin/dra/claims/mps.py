@@ -40,10 +40,10 @@ from typing import Any
 
 from allocator.topology import Device
 
-from ..atomic_file import replace_file
-from ..model.cdi.spec import Edits, Mount
-from ..model.mps_allocate import SHM_DIR
-from ..mps.control import DaemonSpec, MpsControl, MpsControlError, default_commands
+from ...atomic_file import replace_file
+from ...model.cdi.spec import Edits, Mount
+from ...model.mps_allocate import SHM_DIR
+from ...mps.control import DaemonSpec, MpsControl, MpsControlError, default_commands
 
 log = logging.getLogger(__name__)
 

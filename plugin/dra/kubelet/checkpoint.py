@@ -36,9 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..atomic_file import replace_file
-from ..errors import InputError
-from .network_config import NicNetwork
+from ...atomic_file import replace_file
+from ...errors import InputError
+from ..network.nic_config import NicNetwork
 
 FORMAT_VERSION = 1
 T = TypeVar("T")
@@ -56,11 +56,11 @@ class PreparedDevice:
     device: str
     requests: tuple[str, ...] = ()
     cdi_device_ids: tuple[str, ...] = ()
-    #: The GPU's time-slice interval this claim asked for and got (plugin/dra/sharing.py); "" when none.
+    #: The GPU's time-slice interval this claim asked for and got (plugin/dra/claims/sharing.py); "" when none.
     timeslice: str = ""
     #: The allocation's share ID when the claim holds a share of the device (consumable capacity); "" otherwise.
     share_id: str = ""
-    #: A NIC the pod-network side attaches to the pod when its sandbox starts (plugin/dra/pod_network.py).
+    #: A NIC the pod-network side attaches to the pod when its sandbox starts (plugin/dra/network/pod_network.py).
     network: NicNetwork | None = None
 
 

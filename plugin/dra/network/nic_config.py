@@ -17,7 +17,7 @@ driver (its DeviceClass may too; the scheduler copies both into
 
 Why it is checked in NodePrepareResources and not when the sandbox starts:
 a refused prepare keeps the pod from starting with the reason on the pod's
-events (and on the claim, see `plugin.dra.pod_network`), while nothing has
+events (and on the claim, see `plugin.dra.network.pod_network`), while nothing has
 been moved yet; a failure in RunPodSandbox would come after the CNI has set
 the pod's network up, with the reason only in the runtime's log.
 
@@ -39,11 +39,12 @@ from typing import Any
 
 from allocator.topology import Device, DeviceKind
 
-from .gpu_config import KIND as GPU_KIND
+from ..claims.claim import Claim
+from ..claims.gpu_config import KIND as GPU_KIND
 
 API_VERSION = "net.topo-device-plugin.io/v1alpha1"
 KIND = "NicConfig"
-#: The other kinds of configuration our driver reads (each by its own parser: plugin/dra/gpu_config.py).
+#: The other kinds of configuration our driver reads (each by its own parser: plugin/dra/claims/gpu_config.py).
 OTHER_KINDS = (GPU_KIND,)
 FIELDS = ("apiVersion", "kind", "interfaceName", "addresses", "routes", "mtu")
 ROUTE_FIELDS = ("destination", "gateway")
@@ -134,24 +135,15 @@ def _err(claim: str, where: str, problem: str, fix: str) -> NicConfigError:
     return NicConfigError(f"ResourceClaim {claim}: {where}: {problem} (fix: {fix})")
 
 
-def config_entries(claim: Mapping[str, Any], driver: str) -> list[_Entry]:
-    """Our driver's opaque entries from `status.allocation.devices.config`, each named by where its author
-    wrote it (the claim's spec entries keep their index there)."""
-    alloc = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("config") or []
+def config_entries(claim: Claim, driver: str) -> list[_Entry]:
+    """Our driver's opaque entries that are not another kind of ours (each checked by its own parser), from the
+    one reader of opaque config (`plugin.dra.claims.opaque`), each named by where its author wrote it (the
+    claim's spec entries keep their index there)."""
     out: list[_Entry] = []
-    spec_index = 0
-    for i, entry in enumerate(alloc):
-        from_claim = entry.get("source") != "FromClass"
-        where = f"spec.devices.config[{spec_index}]" if from_claim else f"config[{i}] from the DeviceClass"
-        spec_index += from_claim
-        opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != driver:
-            continue
-        params = opaque.get("parameters")
-        if isinstance(params, Mapping) and params.get("kind") in OTHER_KINDS:
+    for c in claim.opaque(driver):
+        if c.kind in OTHER_KINDS:
             continue  # another kind of our driver's configuration, checked by its own parser
-        out.append(_Entry(f"{where}.opaque.parameters", tuple(entry.get("requests") or ()),
-                          opaque.get("parameters")))
+        out.append(_Entry(f"{c.authored_where}.opaque.parameters", c.requests, c.parameters))
     return out
 
 
@@ -255,13 +247,14 @@ def _route(claim: str, where: str, r: Any) -> None:
                        "give a gateway of the destination's family")
 
 
-def nic_plan(claim_ref: str, claim: Mapping[str, Any], driver: str,
+def nic_plan(claim_ref: str, claim: Claim, driver: str,
              allocated: Sequence[tuple[str, Device, Sequence[str]]], probe: NicProbe,
              limits: PlanLimits) -> dict[str, NicNetwork]:
     """The NICs to attach (slice device name -> NicNetwork), or `NicConfigError`.
 
     `allocated`: the claim's devices of our driver (slice device name, Device, request names), as the
-    preparer found them; `claim_ref` names the claim in messages (`namespace/name`).
+    preparer found them; `claim`: the claim as parsed once (`plugin.dra.claims.claim`); `claim_ref` names it in
+    messages (`namespace/name`).
     """
     entries = config_entries(claim, driver)
     for e in entries:

@@ -1,6 +1,6 @@
 """DRAResourceHealth: the health of our DRA devices, streamed to the kubelet for the pod status.
 
-Why: the slice taint (plugin/dra/slices.py) keeps new claims off a bad GPU,
+Why: the slice taint (plugin/dra/slices/build.py) keeps new claims off a bad GPU,
 but the pod already holding it is never told. With ResourceHealthStatus (beta,
 on by default since 1.36) the kubelet opens `NodeWatchResources` on our DRA
 socket when the registration lists a DRAResourceHealth service, and writes
@@ -37,12 +37,12 @@ import grpc
 
 from allocator.topology import HEALTHY, UNHEALTHY, NodeTopology
 
-from ..api.drahealth.v1 import api_pb2 as health_v1
-from ..api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
-from ..api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
-from ..api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from ..watch.event_wait import wait_event
-from .slices import SliceOptions, device_table
+from ...api.drahealth.v1 import api_pb2 as health_v1
+from ...api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from ...api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from ...api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
+from ...watch.event_wait import wait_event
+from ..slices.build import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The gRPC services the kubelet calls: DRAPlugin (v1 and v1beta1) and the plugin watcher's Registration.
 
-The DRA socket also serves DRAResourceHealth (plugin/dra/health_service.py);
+The DRA socket also serves DRAResourceHealth (plugin/dra/kubelet/health_service.py);
 the registration lists it after the DRAPlugin versions, which is how the
 kubelet learns it may open the health stream.
 
@@ -30,14 +30,14 @@ from typing import Any
 
 import grpc
 
-from ..api.dra.v1 import api_pb2 as dra_v1
-from ..api.dra.v1 import api_pb2_grpc as dra_v1_grpc
-from ..api.dra.v1beta1 import api_pb2 as dra_v1beta1
-from ..api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from ..api.pluginregistration.v1 import api_pb2 as reg_pb2
-from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from ..errors import shorten
-from ..model.cdi.toolkit import ToolkitSpecError
+from ...api.dra.v1 import api_pb2 as dra_v1
+from ...api.dra.v1 import api_pb2_grpc as dra_v1_grpc
+from ...api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from ...api.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
+from ...api.pluginregistration.v1 import api_pb2 as reg_pb2
+from ...api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from ...errors import shorten
+from ...model.cdi.toolkit import ToolkitSpecError
 from .cdi import BadClaimUid, CdiDirError, check_claim_uid
 from .health_service import HEALTH_SERVICES, HealthBoard, add_health_services
 from .prepare import ClaimPreparer, ClaimRef, PrepareError

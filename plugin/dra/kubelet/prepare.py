@@ -38,12 +38,12 @@ made every other call wait):
   claims fail at once with that reason instead of each waiting for it.
 
 NICs (issue 21): the claim's NicConfig is checked here, through `ClaimNetwork`
-(`plugin.dra.pod_network`), before anything is written: a bad one fails the
+(`plugin.dra.network.pod_network`), before anything is written: a bad one fails the
 claim with the field and the fix, and the reason also goes on the claim. What
 each NIC becomes in the pod, and the pods the claim is reserved for, are
 recorded with the claim; the NICs move when the pod's sandbox starts. What only
 shows against the other prepared claims (an address another claim holds, an
-interface name two claims of one pod ask for, `plugin.dra.network_conflicts`)
+interface name two claims of one pod ask for, `plugin.dra.network.conflicts`)
 is checked under the checkpoint lock as the claim is recorded. Unprepare
 first has the claim's NICs given back to the node (a failure keeps the claim
 recorded, so the kubelet's retry finds it).
@@ -63,21 +63,22 @@ from typing import Any, NamedTuple, Protocol, Union
 
 from allocator.topology import Device, NodeTopology
 
-from ..model.mps_allocate import DEFAULT_HOST_ROOT
-from ..mps.control import MpsControl
-from ..sources.mig_instances import MigError
+from ...model.mps_allocate import DEFAULT_HOST_ROOT
+from ...mps.control import MpsControl
+from ..mig.instances import MigError
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
-from .gpu_config import Interval
-from .kubeapi import KubeApiUnreachable
-from .mig_prepare import MigPreparer
-from .mps import ClaimMpsDaemons, MpsSettings
-from .mps_claims import MpsRefused, mps_wanted
-from .network_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
-from .network_conflicts import check_conflicts
-from .sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
+from ..claims.claim import Claim, parse_claim
+from ..claims.gpu_config import Interval
+from ..claims.mps import ClaimMpsDaemons, MpsSettings
+from ..claims.mps_claims import MpsRefused, mps_wanted
+from ...kube.client import KubeApiUnreachable
+from ..mig.prepare import MigPreparer
+from ..network.nic_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
+from ..network.conflicts import check_conflicts
+from ..claims.sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
     device_settings, state_path
-from .slices import SliceOptions, device_table
+from ..slices.build import SliceOptions, device_table
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +94,13 @@ class Planned(NamedTuple):
     devices: Allocated
     #: Per entry of `devices`: its share ID (consumable capacity, KEP-5075), "" for a whole device.
     shares: list[str]
-    #: The time-slice each GPU asks for (plugin/dra/sharing.py).
+    #: The time-slice each GPU asks for (plugin/dra/claims/sharing.py).
     timeslices: dict[str, Interval]
-    #: The claim's NICs' pod interfaces, by slice device name (plugin/dra/pod_network.py).
+    #: The claim's NICs' pod interfaces, by slice device name (plugin/dra/network/pod_network.py).
     networks: dict[str, NicNetwork]
     #: The pods the claim is reserved for (their sandboxes get its NICs).
     pods: tuple[str, ...]
-    #: The GPUs its GpuConfig puts under MPS, with their limits (plugin/dra/mps.py).
+    #: The GPUs its GpuConfig puts under MPS, with their limits (plugin/dra/claims/mps.py).
     mps: dict[str, tuple[Device, MpsSettings]] = {}
 
 
@@ -115,7 +116,7 @@ class PrepareError(Exception):
 
 
 class NicConflict(PrepareError):
-    """The claim's NICs clash with another prepared claim's (`plugin.dra.network_conflicts`): found under the
+    """The claim's NICs clash with another prepared claim's (`plugin.dra.network.conflicts`): found under the
     checkpoint lock, reported on the claim once the lock is released."""
 
     def __init__(self, error: NicConfigError):
@@ -124,12 +125,12 @@ class NicConflict(PrepareError):
 
 
 class ClaimNetwork(Protocol):
-    """The NIC side of prepare and unprepare (`plugin.dra.pod_network.PodNetwork`)."""
+    """The NIC side of prepare and unprepare (`plugin.dra.network.pod_network.PodNetwork`)."""
 
     #: False: no NIC is ever attached here, so unprepare need not look for any (no extra checkpoint read).
     active: bool
 
-    async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+    async def plan(self, ref: ClaimRef, claim: Claim, allocated: Allocated) -> dict[str, NicNetwork]:
         """The claim's NICs to attach, by slice device name; raises NicConfigError (field and fix)."""
         ...
 
@@ -150,7 +151,7 @@ class NoNetwork:
     def __init__(self, driver: str):
         self.driver = driver
 
-    async def plan(self, ref: ClaimRef, claim: dict[str, Any], allocated: Allocated) -> dict[str, NicNetwork]:
+    async def plan(self, ref: ClaimRef, claim: Claim, allocated: Allocated) -> dict[str, NicNetwork]:
         return nic_plan(f"{ref.namespace}/{ref.name}", claim, self.driver, allocated, lambda _: None,
                         PlanLimits(unavailable="NIC attachment is off on this node (--netdev-attach off)",
                                    unavailable_fix="start the driver with --netdev-attach auto (chart: "
@@ -207,7 +208,7 @@ class ClaimPreparer:
                  mps: ClaimMpsDaemons | None = None):
         self.options = options
         self.network: ClaimNetwork = network or NoNetwork(options.driver_name)
-        #: Dynamic MIG: creates a claim's MIG instances before its CDI spec is written (plugin/dra/mig_prepare.py).
+        #: Dynamic MIG: creates a claim's MIG instances before its CDI spec is written (plugin/dra/mig/prepare.py).
         self.mig = mig
         #: GPU time-slicing through claim config; simulated GPUs' settings go to a file beside the checkpoint.
         self.sharing = sharing or GpuSharing(options.driver_name, SimulatedTimeSlice(state_path(checkpoint.path)))
@@ -368,7 +369,7 @@ class ClaimPreparer:
     async def _allocation(self, ref: ClaimRef, reads: _CallReads,
                           table: dict[str, Device]) -> Planned | Exception:
         try:
-            claim = await self._read(ref, reads)
+            claim = parse_claim(await self._read(ref, reads))  # the one parse; everything below reads `claim`
             allocated, shares = self._allocated_devices(ref, claim, table)
             try:
                 wants = self.sharing.wanted(claim, allocated)
@@ -381,7 +382,7 @@ class ClaimPreparer:
                 log.warning("claim refused: bad NIC configuration", extra={"uid": ref.uid, "reason": str(e)})
                 await self.network.refused(ref, allocated, e)
                 return PrepareError(str(e))
-            return Planned(allocated, shares, wants, networks, _reserved_pods(claim), mps)
+            return Planned(allocated, shares, wants, networks, claim.reserved_pods, mps)
         except PrepareError as e:
             return e
         except Exception as e:
@@ -412,30 +413,29 @@ class ClaimPreparer:
                 raise PrepareError(f"reading {where}: "
                                    f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
 
-    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any],
+    def _allocated_devices(self, ref: ClaimRef, claim: Claim,
                            table: dict[str, Device]) -> tuple[Allocated, list[str]]:
         """The claim's devices of our pool and, per entry, its share ID (see `Planned`)."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
-        uid = claim.get("metadata", {}).get("uid")
+        uid = claim.uid
         if uid != ref.uid:
             raise PrepareError(f"{where} has UID {uid}, the kubelet asked for {ref.uid} (deleted and created again?)")
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        ours = [r for r in results if r.get("driver") == self.options.driver_name]
+        ours = claim.results_of(self.options.driver_name)
         if not ours:
             raise PrepareError(f"{where} has no devices allocated from driver {self.options.driver_name}")
         out: dict[tuple[str, str], tuple[str, Device, list[str]]] = {}
         for r in ours:
-            pool, name = r.get("pool"), r.get("device")
+            pool, name = r.pool, r.device
             if pool != self.options.pool:
                 raise PrepareError(f"{where}: device {name} is from pool {pool}, this node serves pool "
                                    f"{self.options.pool}")
-            dev = table.get(name)
-            if dev is None:
+            dev = table.get(name) if name is not None else None
+            if dev is None or name is None:
                 raise PrepareError(f"{where}: device {name} is not on this node any more")
             if not dev.healthy:
                 raise PrepareError(f"{where}: device {name} ({dev.name}) is {dev.health}")
-            request = str(r.get("request", "")).split("/", 1)[0]  # subrequests report their parent request
-            share = str(r.get("shareID") or "")  # set when the device allows multiple allocations
+            request = r.request  # the parent request; sharing reads the subrequest from `claim` itself
+            share = r.share_id  # set when the device allows multiple allocations
             entry = out.setdefault((name, share), (name, dev, []))
             if request and request not in entry[2]:
                 entry[2].append(request)
@@ -510,12 +510,6 @@ def _renamed(dev: Device, netdev: str) -> Device:
     if dev.attributes.get("netdev") == netdev:
         return dev
     return dataclasses.replace(dev, attributes={**dev.attributes, "netdev": netdev})
-
-
-def _reserved_pods(claim: dict[str, Any]) -> tuple[str, ...]:
-    """UIDs of the pods in `status.reservedFor` (the kubelet prepares a claim only once it is reserved)."""
-    return tuple(str(r["uid"]) for r in (claim.get("status") or {}).get("reservedFor") or ()
-                 if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid"))
 
 
 def _stopping() -> PrepareError:

@@ -44,10 +44,10 @@ from typing import Any
 
 from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
 
-from ..health.policy import taint_value
-from ..model.identity import device_uuid
+from ...health.policy import taint_value
+from ...model.identity import device_uuid
 from .device_order import locality_order
-from .mig_devices import MAX_COUNTER_SETS_PER_SLICE, DraMig, counter_sets, expand_gpu, table_entries
+from ..mig.devices import MAX_COUNTER_SETS_PER_SLICE, DraMig, counter_sets, expand_gpu, table_entries
 from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
 
 API_VERSION = "resource.k8s.io/v1"
@@ -86,7 +86,7 @@ class SliceOptions:
     #: `taint` or `remove` (see the module docstring).
     unhealthy: str = "taint"
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE
-    #: GPUs in MIG mode: served whole, as static MIG devices, or partitionable (plugin/dra/mig_devices.py).
+    #: GPUs in MIG mode: served whole, as static MIG devices, or partitionable (plugin/dra/mig/devices.py).
     mig: DraMig = field(default_factory=DraMig)
     #: GPUs with a memory size allow multiple allocations (consumable capacity, KEP-5075): a claim may ask for
     #: a share of the `memory` capacity; one that asks for none takes all of it, i.e. the whole GPU.

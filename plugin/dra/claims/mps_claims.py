@@ -1,8 +1,8 @@
-"""Which GPUs of a claim its GpuConfigs put under MPS, with the limits each asks (`plugin.dra.mps` runs them).
+"""Which GPUs of a claim its GpuConfigs put under MPS, with the limits each asks (`plugin.dra.claims.mps` runs them).
 
 Why its own module: it reads the claim's configs through `gpu_config`, which
 itself imports `mps` for `mpsConfig`; kept apart, the two import one way.
-The rules are time-slicing's (`plugin.dra.sharing.GpuSharing.wanted`): the
+The rules are time-slicing's (`plugin.dra.claims.sharing.GpuSharing.wanted`): the
 config of highest precedence for each request decides; a config that names a
 request which got no full GPU is refused.
 """
@@ -10,11 +10,9 @@ request which got no full GPU is refused.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
 from allocator.topology import Device, DeviceKind
 
-from .claim_config import opaque_configs
+from .claim import Claim
 from .gpu_config import GpuConfigError, config_for_request, gpu_configs
 from .mps import MpsSettings
 
@@ -23,11 +21,11 @@ class MpsRefused(ValueError):
     """A claim's MPS config cannot be granted; the message names the config entry and the fix."""
 
 
-def mps_wanted(claim: dict[str, Any], allocated: Sequence[tuple[str, Device, list[str]]],
+def mps_wanted(claim: Claim, allocated: Sequence[tuple[str, Device, list[str]]],
                driver: str) -> dict[str, tuple[Device, MpsSettings]]:
     """{slice device name: (GPU, limits)} for the claim's GPUs whose request's GpuConfig says MPS."""
     try:
-        parsed = gpu_configs(opaque_configs(claim, driver))
+        parsed = gpu_configs(claim.opaque(driver))
     except GpuConfigError as e:
         raise MpsRefused(str(e)) from None
     out: dict[str, tuple[Device, MpsSettings]] = {}
