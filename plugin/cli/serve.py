@@ -16,7 +16,9 @@ from ..runtime.daemon import Daemon, DaemonOptions, DraFactory, DraSide
 from ..errors import InputError, RuntimeFailure
 from ..observability.logging_setup import setup_logging
 from ..allocation.pod_resources import socket_path
-from .options import Settings, make_source, option_source, resource_options, resource_reloader, with_settings
+from ..model.nic_pools.pools import pool_of
+from .options import (Settings, make_source, nic_pools, option_source, resource_options, resource_reloader,
+                      with_settings)
 from .routing import Command
 
 log = logging.getLogger(__name__)
@@ -42,9 +44,12 @@ def dra_factory(settings: Settings) -> DraFactory:
         from ..dra.kubeapi import KubeConfigError, in_cluster_api, kubeconfig_api  # noqa: PLC0415 (DRA mode only)
 
         mig, backend, caps = dra_mig(settings)
+        shares = gpu_shares(settings)
+        names = nic_resource_names(settings)
         try:
             slices = SliceOptions(node_name=node, include=include, mig=mig,
-                                  shared_gpus=bool(v["dra_shared_gpus"]))
+                                  shared_gpus=bool(v["dra_shared_gpus"]), gpu_shares=shares,
+                                  nic_resource_name=names)
         except ValueError as e:
             raise InputError(f"NODE_NAME: {e} (fix: set it from fieldRef spec.nodeName)") from None
         try:
@@ -65,6 +70,30 @@ def dra_factory(settings: Settings) -> DraFactory:
                          api, owns_api=True)
 
     return make
+
+
+def gpu_shares(settings: Settings) -> int:
+    """`--dra-gpu-shares` as a whole count (a config file's schema says so too; the flag takes any number)."""
+    value = float(settings.values.get("dra_gpu_shares") or 0)
+    if not value.is_integer():
+        raise InputError(f"{option_source(settings, 'dra_gpu_shares')}: {value:g} is not a whole number of shares "
+                         "(fix: give a count such as 4, or 0 for none)")
+    return int(value)
+
+
+def nic_resource_names(settings: Settings) -> Callable[[Device], str | None]:
+    """A NIC's device-plugin resource name (the first NIC pool that selects it, or --nic-resource-name without
+    pools), which Multus's NetworkAttachmentDefinitions name: the same name in both modes."""
+    pools = nic_pools(settings)
+    default = settings.values["nic_resource_name"]
+
+    def name(device: Device) -> str | None:
+        if not pools:
+            return str(default)
+        pool = pool_of(device, pools)
+        return pool.resource_name if pool is not None else None
+
+    return name
 
 
 def toolkit_dirs(settings: Settings) -> tuple[str, ...]:
