@@ -6,7 +6,7 @@ import asyncio
 import os
 from collections.abc import Callable
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +20,9 @@ from ..model.nic_pools.pools import pool_of
 from .options import (Settings, make_source, nic_pools, option_source, resource_options, resource_reloader,
                       with_settings)
 from .routing import Command
+
+if TYPE_CHECKING:
+    from ..dra.imex_channels import ImexChannels
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +49,11 @@ def dra_factory(settings: Settings) -> DraFactory:
         mig, backend, caps = dra_mig(settings)
         shares = gpu_shares(settings)
         names = nic_resource_names(settings)
+        imex = imex_channels(settings)
         try:
             slices = SliceOptions(node_name=node, include=include, mig=mig,
                                   shared_gpus=bool(v["dra_shared_gpus"]), gpu_shares=shares,
-                                  nic_resource_name=names)
+                                  nic_resource_name=names, imex=imex)
         except ValueError as e:
             raise InputError(f"NODE_NAME: {e} (fix: set it from fieldRef spec.nodeName)") from None
         try:
@@ -72,13 +76,29 @@ def dra_factory(settings: Settings) -> DraFactory:
     return make
 
 
-def gpu_shares(settings: Settings) -> int:
-    """`--dra-gpu-shares` as a whole count (a config file's schema says so too; the flag takes any number)."""
-    value = float(settings.values.get("dra_gpu_shares") or 0)
+def whole_count(settings: Settings, dest: str, what: str) -> int:
+    """A count option as an int (a config file's schema says whole numbers too; the flag takes any number)."""
+    value = float(settings.values.get(dest) or 0)
     if not value.is_integer():
-        raise InputError(f"{option_source(settings, 'dra_gpu_shares')}: {value:g} is not a whole number of shares "
+        raise InputError(f"{option_source(settings, dest)}: {value:g} is not a whole number of {what} "
                          "(fix: give a count such as 4, or 0 for none)")
     return int(value)
+
+
+def gpu_shares(settings: Settings) -> int:
+    """`--dra-gpu-shares`."""
+    return whole_count(settings, "dra_gpu_shares", "shares")
+
+
+def imex_channels(settings: Settings) -> ImexChannels | None:
+    """`--dra-imex-channels` as `ImexChannels` (None: 0), the major read from `--proc-root`'s devices file."""
+    from ..dra.imex_channels import ImexChannelsError, channels_of  # noqa: PLC0415 (DRA mode only)
+
+    count = whole_count(settings, "dra_imex_channels", "IMEX channels")
+    try:
+        return channels_of(settings.values["proc_root"], count)
+    except ImexChannelsError as e:
+        raise InputError(f"{option_source(settings, 'dra_imex_channels')}: {e}") from None
 
 
 def nic_resource_names(settings: Settings) -> Callable[[Device], str | None]:

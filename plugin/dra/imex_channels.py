@@ -9,8 +9,9 @@ hands channels out. Here each channel device also carries the node's `clique` (t
 publish), so one claim can ask for one channel on every node of one clique with `matchAttribute`
 on `clique`.
 
-This module is the pure part: the major number, the slice devices and the device node to inject.
-Not wired into the daemon's slices and prepare yet (docs/compared-with-nvidia.md says so).
+This module is the pure part: the major number, the slice devices and the device node to inject;
+`slices.build_devices` publishes the devices (`SliceOptions.imex`, `--dra-imex-channels`) and
+prepare puts each allocated channel's node in the claim's CDI spec.
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ def node_clique(topology: NodeTopology) -> str | None:
 
 def channel_name(channel: int) -> str:
     return f"{DEVICE_TYPE}-{channel}"
+
+
+def channel_of(name: str) -> int | None:
+    """The channel number of a slice device name (`imex-channel-3` -> 3), None for any other device."""
+    prefix = f"{DEVICE_TYPE}-"
+    rest = name[len(prefix):] if name.startswith(prefix) else ""
+    return int(rest) if rest.isdigit() and str(int(rest)) == rest else None
 
 
 def channel_devices(topology: NodeTopology, count: int) -> list[dict[str, Any]]:

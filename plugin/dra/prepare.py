@@ -66,6 +66,7 @@ from ..sources.mig_instances import MigError
 from .cdi import ClaimCdi
 from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from .gpu_config import Interval
+from .imex_channels import channel_of
 from .kubeapi import KubeApiUnreachable
 from .mig_prepare import MigPreparer
 from .network_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
@@ -94,6 +95,8 @@ class Planned(NamedTuple):
     networks: dict[str, NicNetwork]
     #: The pods the claim is reserved for (their sandboxes get its NICs).
     pods: tuple[str, ...]
+    #: The claim's IMEX channels: (slice device name, channel, request names); no Device of the topology.
+    channels: tuple[tuple[str, int, list[str]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -292,7 +295,7 @@ class ClaimPreparer:
         """Under the checkpoint lock: write the batch's CDI specs and record the batch (one file write)."""
         done: dict[str, Outcome] = {}
         holders: Holders | None = None  # who holds a time-slice on which GPU: built once per batch, when needed
-        for ref, (allocated, shares, wants, networks, pods) in ready:
+        for ref, (allocated, shares, wants, networks, pods, channels) in ready:
             if ref.uid in claims:  # another call or instance prepared it meanwhile
                 done[ref.uid] = claims[ref.uid]
                 continue
@@ -320,8 +323,12 @@ class ClaimPreparer:
                 # the pod is named there as its NicConfig says: its env (and the NCCL hint) give that name.
                 in_pod = {name: _renamed(dev, networks[name].pod_name) if name in networks else dev
                           for name, dev in devices.items()}
-                cdi_ids = dict(zip(devices, self.cdi.write_claim_spec(ref.uid, list(in_pod.items()),
-                                                                      device_settings(wants))))
+                nodes = [(name, self.options.imex.device_node(n)) for name, n, _ in channels
+                         if self.options.imex is not None]
+                # `channels=` only when there are some: stand-ins of ClaimCdi in tests predate the keyword.
+                ids = self.cdi.write_claim_spec(ref.uid, list(in_pod.items()), device_settings(wants),
+                                                **({"channels": nodes} if nodes else {}))
+                cdi_ids = dict(zip([*devices, *(name for name, _ in nodes)], ids))
             except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
                 done[ref.uid] = e if self.mig is None else self._undo_mig(ref.uid, e)
                 if wants and holders is not None:  # nothing records the setting just applied: undo it where no
@@ -333,7 +340,9 @@ class ClaimPreparer:
                                              cdi_device_ids=tuple(cdi_ids[name]),
                                              timeslice=wants[name].value if name in wants else "", share_id=share,
                                              network=networks.get(name))
-                              for (name, _, reqs), share in zip(allocated, shares)),
+                              for (name, _, reqs), share in zip(allocated, shares))
+                + tuple(PreparedDevice(pool=self.options.pool, device=name, requests=tuple(reqs),
+                                       cdi_device_ids=tuple(cdi_ids[name])) for name, _, reqs in channels),
                 pods=pods,
             )
             if wants and holders is not None:
@@ -355,7 +364,7 @@ class ClaimPreparer:
                           table: dict[str, Device]) -> Planned | Exception:
         try:
             claim = await self._read(ref, reads)
-            allocated, shares = self._allocated_devices(ref, claim, table)
+            allocated, shares, channels = self._allocated_devices(ref, claim, table)
             try:
                 wants = self.sharing.wanted(claim, allocated)
             except SharingRefused as e:
@@ -366,7 +375,7 @@ class ClaimPreparer:
                 log.warning("claim refused: bad NIC configuration", extra={"uid": ref.uid, "reason": str(e)})
                 await self.network.refused(ref, allocated, e)
                 return PrepareError(str(e))
-            return Planned(allocated, shares, wants, networks, _reserved_pods(claim))
+            return Planned(allocated, shares, wants, networks, _reserved_pods(claim), channels)
         except PrepareError as e:
             return e
         except Exception as e:
@@ -397,9 +406,9 @@ class ClaimPreparer:
                 raise PrepareError(f"reading {where}: "
                                    f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
 
-    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any],
-                           table: dict[str, Device]) -> tuple[Allocated, list[str]]:
-        """The claim's devices of our pool and, per entry, its share ID (see `Planned`)."""
+    def _allocated_devices(self, ref: ClaimRef, claim: dict[str, Any], table: dict[str, Device]
+                           ) -> tuple[Allocated, list[str], tuple[tuple[str, int, list[str]], ...]]:
+        """The claim's devices of our pool, per entry its share ID, and its IMEX channels (see `Planned`)."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         uid = claim.get("metadata", {}).get("uid")
         if uid != ref.uid:
@@ -409,12 +418,21 @@ class ClaimPreparer:
         if not ours:
             raise PrepareError(f"{where} has no devices allocated from driver {self.options.driver_name}")
         out: dict[tuple[str, str], tuple[str, Device, list[str]]] = {}
+        channels: dict[str, tuple[str, int, list[str]]] = {}
+        imex = self.options.imex
         for r in ours:
             pool, name = r.get("pool"), r.get("device")
             if pool != self.options.pool:
                 raise PrepareError(f"{where}: device {name} is from pool {pool}, this node serves pool "
                                    f"{self.options.pool}")
             dev = table.get(name)
+            channel = channel_of(str(name)) if dev is None and imex is not None else None
+            if channel is not None and imex is not None and channel < imex.count:
+                entry_c = channels.setdefault(str(name), (str(name), channel, []))
+                request_c = str(r.get("request", "")).split("/", 1)[0]
+                if request_c and request_c not in entry_c[2]:
+                    entry_c[2].append(request_c)
+                continue
             if dev is None:
                 raise PrepareError(f"{where}: device {name} is not on this node any more")
             if not dev.healthy:
@@ -424,7 +442,7 @@ class ClaimPreparer:
             entry = out.setdefault((name, share), (name, dev, []))
             if request and request not in entry[2]:
                 entry[2].append(request)
-        return list(out.values()), [share for _, share in out]
+        return list(out.values()), [share for _, share in out], tuple(channels.values())
 
     # -- unprepare -----------------------------------------------------------------------------
     async def unprepare(self, ref: ClaimRef) -> None:

@@ -34,6 +34,8 @@ Attributes (resource.k8s.io/v1, Kubernetes 1.37):
   GPUs whose NVML reports a module ID carry `gpuModuleID`, and those whose node
   states Fabric Manager partitions `partition1/2/4/8` (the ID of the partition
   of that size holding the GPU; NVIDIA's DRA driver's names and meaning).
+  With `imex`, IMEX channels follow the GPUs and NICs as devices of their own
+  (`imex-channel-<n>`: `type`, `id`, the node's `clique`; plugin/dra/imex_channels.py).
   GPUs in a completed NVLink fabric (GB200/GB300 NVL72) also carry `clique`
   (string `<cluster UUID>.<clique ID>`, the value of GPU Feature Discovery's
   `nvidia.com/gpu.clique` label), so a claim can keep its GPUs in one domain.
@@ -59,6 +61,7 @@ from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
 from ..health.policy import taint_value
 from ..model.identity import device_uuid
 from .device_order import locality_order
+from .imex_channels import ImexChannels, channel_devices
 from .mig_devices import MAX_COUNTER_SETS_PER_SLICE, DraMig, counter_sets, expand_gpu, table_entries
 from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
 
@@ -118,6 +121,8 @@ class SliceOptions:
     gpu_shares: int = 0
     #: The device-plugin resource name of a NIC (its pool's), published for Multus; None: not published.
     nic_resource_name: Callable[[Device], str | None] = field(default=_no_name, compare=False)
+    #: Host-managed IMEX channels to publish (plugin/dra/imex_channels.py); None: none.
+    imex: ImexChannels | None = None
 
     def __post_init__(self) -> None:
         check_driver_name(self.driver_name)
@@ -357,6 +362,8 @@ def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[st
                                 "value": taint_value(d.health_reason) if d.health_reason else d.health,
                                 "effect": "NoSchedule"}]
         out.extend(expand_gpu(topology, d, entry, options.mig) if d.kind == DeviceKind.GPU else [entry])
+    if options.imex is not None:  # last: the GPUs' and NICs' slice order stays as it was
+        out.extend(channel_devices(topology, options.imex.count))
     return out
 
 

@@ -283,3 +283,81 @@ def test_a_channel_node_made_with_mknod_has_the_numbers_we_inject(tmp_path):
 def test_more_channels_than_the_driver_has_are_refused():
     with pytest.raises(ImexChannelsError, match="2048"):
         channel_devices(load_simulated("dgx-h100"), imex_channels.MAX_CHANNELS + 1)
+
+
+# ---- IMEX channels through the driver: published, prepared over real gRPC ------------------------
+
+
+@pytest.fixture
+async def imex_driver(short_tmp, kube_api, apiserver):
+    """A driver serving a tray whose GPUs are in clique 7, with 4 channels (major 234), registered with the
+    kubelet stand-in over real unix sockets; yields (plugin client, CDI root)."""
+    from kubelet_standin import register, registration_sockets
+    from plugin.dra import DraDriver, DraOptions
+    from plugin.dra.imex_channels import ImexChannels
+
+    roots = os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
+    opts = DraOptions(slices=SliceOptions(node_name="node-a", driver_name="topo.dev", imex=ImexChannels(234, 4)),
+                      kubelet_root=roots[0], cdi_root=roots[1], resync_s=3600, instance_id="pod-0")
+    drv = DraDriver(opts, kube_api)
+    await drv.start(tray([7]))
+    try:
+        yield await register(registration_sockets(roots[0])[-1]), roots[1]
+    finally:
+        await drv.stop()
+
+
+async def test_published_channels_carry_the_clique_and_prepare_injects_the_channel_node(imex_driver, apiserver):
+    import json
+
+    plugin, cdi_root = imex_driver
+    published = [d for s in apiserver.slices.values() for d in s["spec"].get("devices", [])]
+    chans = [d for d in published if d["name"].startswith("imex-channel-")]
+    assert [d["name"] for d in chans] == [f"imex-channel-{n}" for n in range(4)]
+    assert {value(d, "clique") for d in chans} == {value(next(d for d in published if d["name"] == "gpu-0"), "clique")}
+
+    results = [{"request": "gpu", "driver": "topo.dev", "pool": "node-a", "device": "gpu-0"},
+               {"request": "channel", "driver": "topo.dev", "pool": "node-a", "device": "imex-channel-2"}]
+    uid = apiserver.add_claim("team", "job-0", results)
+    resp = await plugin.prepare(("team", uid, "job-0"))
+    assert resp.claims[uid].error == ""
+    got = {d.device_name: list(d.cdi_device_ids) for d in resp.claims[uid].devices}
+    assert got["imex-channel-2"] == [f"topo.dev/claim={uid}-imex-channel-2"]
+    with open(os.path.join(cdi_root, f"topo.dev-claim_{uid}.json"), encoding="utf-8") as f:
+        spec = {d["name"]: d["containerEdits"] for d in json.load(f)["devices"]}
+    [node] = spec[f"{uid}-imex-channel-2"]["deviceNodes"]
+    assert (node["path"], node["type"], node["major"], node["minor"]) == (
+        "/dev/nvidia-caps-imex-channels/channel2", "c", 234, 2)
+    assert f"{uid}-gpu-0" in spec  # the GPU as before
+
+
+async def test_a_claim_of_channels_alone_is_prepared_and_an_unpublished_channel_is_refused(imex_driver, apiserver):
+    plugin, _ = imex_driver
+    only = apiserver.add_claim("team", "chan", [{"request": "c", "driver": "topo.dev", "pool": "node-a",
+                                                 "device": "imex-channel-0"}])
+    beyond = apiserver.add_claim("team", "far", [{"request": "c", "driver": "topo.dev", "pool": "node-a",
+                                                  "device": "imex-channel-4"}])
+    resp = await plugin.prepare(("team", only, "chan"), ("team", beyond, "far"))
+    assert resp.claims[only].error == ""
+    assert "device imex-channel-4 is not on this node" in resp.claims[beyond].error
+    done = await plugin.unprepare(("team", only, "chan"))
+    assert done.claims[only].error == ""
+
+
+def test_serve_refuses_channels_where_the_driver_has_none_naming_the_option_and_file(tmp_path):
+    from plugin.cli.serve import imex_channels as serve_channels
+    from plugin.errors import InputError
+
+    (tmp_path / "devices").write_text("Character devices:\n195 nvidia\n")
+
+    class _Settings:
+        values = {"dra_imex_channels": 1.0, "proc_root": str(tmp_path)}
+        sources: dict = {}
+        config = type("C", (), {"flags": {"draImexChannels": 1}, "path": "config.yaml"})()
+
+    with pytest.raises(InputError, match=r"config.yaml: field flags.draImexChannels: .*devices has no "
+                                         r"nvidia-caps-imex-channels"):
+        serve_channels(_Settings())  # type: ignore[arg-type]  # a stand-in with the fields it reads
+    (tmp_path / "devices").write_text(PROC_DEVICES)
+    got = serve_channels(_Settings())  # type: ignore[arg-type]  # as above
+    assert got is not None and (got.major, got.count) == (234, 1)
