@@ -6,7 +6,8 @@
 - Shares by count (NVIDIA's `--consumable-shares <count>`): capacity `shares` beside `memory`.
 - NVSwitch partitions: `gpuModuleID` from NVML (optional call), `partition1/2/4/8` as a simulated node
   states them.
-- Host-managed IMEX channels: slice devices with the node's clique, the major from /proc/devices.
+- Host-managed IMEX channels: slice devices with the node's clique, the major from /proc/devices, the
+  channel node in the claim's CDI spec at prepare (through the driver over real gRPC).
 """
 
 from __future__ import annotations
