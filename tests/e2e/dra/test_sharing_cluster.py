@@ -15,7 +15,9 @@ the chart serves the simulated DGX H100's GPUs through DRA. The story:
   memory. The GPU has one time-slice setting: the claims asking Long both run on it, the one
   asking Short waits with our reason;
 - shares by count (`draGpuShares: 2`, after a `helm upgrade`): two claims that name neither
-  memory nor shares run on one GPU with a share each, a third for the same GPU stays unscheduled.
+  memory nor shares run on one GPU with a share each, a third for the same GPU stays unscheduled;
+- host-managed IMEX channels (`draImexChannels: 2`, a `/proc/devices` of the simulated node naming
+  nvidia-caps-imex-channels): a pod's claim for a channel gets its device node with that major.
 """
 
 from __future__ import annotations
@@ -360,8 +362,53 @@ def test_shares_by_count_let_two_claims_that_name_no_memory_share_a_gpu_and_a_th
         delete_pod(c, n)
 
 
+IMEX_MAJOR = 234  # what the simulated node's /proc/devices says (any free character major would do)
+
+
+def test_a_claim_for_an_imex_channel_gets_the_channel_node_with_the_drivers_major(installed):
+    """`draImexChannels: 2` (host-managed IMEX) on a node whose `/proc/devices` (a file the daemon reads through
+    --proc-root, as NVIDIA's CI fakes it) lists nvidia-caps-imex-channels: the channels are published, and a
+    pod's claim for one gets /dev/nvidia-caps-imex-channels/channel<n> with that major and minor n."""
+    c, image, node = installed["c"], installed["image"], installed["node"]
+    proc = node.node_file.parent / "proc"
+    proc.mkdir(exist_ok=True)
+    (proc / "devices").write_text(f"Character devices:\n195 nvidia\n{IMEX_MAJOR} nvidia-caps-imex-channels\n\n"
+                                  "Block devices:\n  8 sd\n")
+    old = wait_daemon_ready(c)["metadata"]["uid"]
+    values = chart_values(image, node, dra={"resources": ["nvidia.com/gpu"]},
+                          extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                                    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+    values["extraArgs"].append(f"--proc-root={proc}")
+    values["config"]["flags"]["draImexChannels"] = 2
+    helm_upgrade(c, values)
+    wait_daemon_ready(c, not_uid=old)
+
+    def channels():
+        names = sorted(d["name"] for s in c.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER
+                       for d in s["spec"].get("devices", []) if d["name"].startswith("imex-channel-"))
+        return names or None
+    assert wait_for("IMEX channels published", channels, 180) == ["imex-channel-0", "imex-channel-1"]
+    # The chart ships no class for channels yet: the test makes one.
+    c.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"imex.{DRIVER}"},
+             "spec": {"selectors": [{"cel": {"expression":
+                      f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "imex-channel"'}}]}})
+    c.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "imex", "namespace": NAMESPACE},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"imex.{DRIVER}"}}]}}})
+    c.apply(claim_pod("imex", image, "imex"))
+    wait_running(c, "imex")
+    [result] = c.get("resourceclaim", "imex", "-n", NAMESPACE)["status"]["allocation"]["devices"]["results"]
+    channel = int(result["device"].rsplit("-", 1)[1])
+    rep = wait_for("pod imex's report", lambda: report(c, "imex"), 60)
+    got = {p: v for p, v in rep["devices"].items() if p.startswith("/dev/nvidia-caps-imex-channels/")}
+    assert got == {f"/dev/nvidia-caps-imex-channels/channel{channel}": [IMEX_MAJOR, channel]}, rep["devices"]
+    assert not [p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)]  # a channel, no GPU
+    delete_pod(c, "imex")
+    c.kubectl("delete", "deviceclass", f"imex.{DRIVER}", "--wait=false", check=False)
+
+
 def test_teardown_stops_everything_and_leaves_nothing(installed):
     c = installed["c"]
-    for name in ("shared-gpu", "bad-gpu", *(f"share-{n}" for n in SHARES), *COUNTED):
+    for name in ("shared-gpu", "bad-gpu", *(f"share-{n}" for n in SHARES), *COUNTED, "imex"):
         c.kubectl("delete", "resourceclaim", "-n", NAMESPACE, name, "--wait=false", check=False)
     down_and_check_nothing_left(c)
