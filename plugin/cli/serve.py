@@ -91,14 +91,25 @@ def gpu_shares(settings: Settings) -> int:
 
 
 def imex_channels(settings: Settings) -> ImexChannels | None:
-    """`--dra-imex-channels` as `ImexChannels` (None: 0), the major read from `--proc-root`'s devices file."""
-    from ..dra.imex_channels import ImexChannelsError, channels_of  # noqa: PLC0415 (DRA mode only)
+    """`--dra-imex-channels` as `ImexChannels` (None: 0): the major from `--proc-root`'s devices file, or on a
+    simulated node (which reads no procfs) the node file's `imexChannelsMajor`."""
+    from ..dra.imex_channels import ImexChannels, ImexChannelsError, channels_of  # noqa: PLC0415 (DRA mode only)
+    from ..sources.simulated import stated_imex_major  # noqa: PLC0415 (as above)
 
     count = whole_count(settings, "dra_imex_channels", "IMEX channels")
+    where = option_source(settings, "dra_imex_channels")
+    simulate = settings.values.get("simulate")
+    if simulate and count:
+        major = stated_imex_major(str(simulate))
+        if major is None:
+            raise InputError(f"{where}: the simulated node {simulate} states no imexChannelsMajor (fix: add "
+                             "`imexChannelsMajor: <major>` to its node file, as /proc/devices would list "
+                             "nvidia-caps-imex-channels, or publish no channels)")
+        return ImexChannels(major, count)
     try:
         return channels_of(settings.values["proc_root"], count)
     except ImexChannelsError as e:
-        raise InputError(f"{option_source(settings, 'dra_imex_channels')}: {e}") from None
+        raise InputError(f"{where}: {e}") from None
 
 
 def nic_resource_names(settings: Settings) -> Callable[[Device], str | None]:

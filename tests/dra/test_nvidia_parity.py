@@ -362,3 +362,26 @@ def test_serve_refuses_channels_where_the_driver_has_none_naming_the_option_and_
     (tmp_path / "devices").write_text(PROC_DEVICES)
     got = serve_channels(_Settings())  # type: ignore[arg-type]  # as above
     assert got is not None and (got.major, got.count) == (234, 1)
+
+
+def test_a_simulated_node_states_the_channels_major_and_serve_takes_it(tmp_path):
+    from plugin.cli.serve import imex_channels as serve_channels
+    from plugin.errors import InputError
+    from plugin.sources.simulated import stated_imex_major
+
+    node = tmp_path / "node.yaml"
+    node.write_text("apiVersion: topo-device-plugin/v1\nkind: SimulatedNode\nimexChannelsMajor: 234\n"
+                    "gpus:\n  - {numa: 0}\n")
+    assert stated_imex_major(str(node)) == 234 and stated_imex_major("dgx-h100") is None
+    assert len(load_node_yaml(node.read_text(), str(node)).gpus) == 1  # the schema accepts the field
+
+    class _Settings:
+        values = {"dra_imex_channels": 2.0, "simulate": str(node), "proc_root": "/proc"}
+        sources: dict = {}
+        config = type("C", (), {"flags": {"draImexChannels": 2}, "path": "config.yaml"})()
+
+    got = serve_channels(_Settings())  # type: ignore[arg-type]  # a stand-in with the fields it reads
+    assert got is not None and (got.major, got.count) == (234, 2)
+    _Settings.values = {**_Settings.values, "simulate": "dgx-h100"}
+    with pytest.raises(InputError, match="simulated node dgx-h100 states no imexChannelsMajor"):
+        serve_channels(_Settings())  # type: ignore[arg-type]  # as above

@@ -16,8 +16,8 @@ the chart serves the simulated DGX H100's GPUs through DRA. The story:
   asking Short waits with our reason;
 - shares by count (`draGpuShares: 2`, after a `helm upgrade`): two claims that name neither
   memory nor shares run on one GPU with a share each, a third for the same GPU stays unscheduled;
-- host-managed IMEX channels (`draImexChannels: 2`, a `/proc/devices` of the simulated node naming
-  nvidia-caps-imex-channels): a pod's claim for a channel gets its device node with that major.
+- host-managed IMEX channels (`draImexChannels: 2`, the simulated node stating the channels'
+  major as /proc/devices would): a pod's claim for a channel gets its device node with that major.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 from cluster import NODE, Cluster
 from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
@@ -362,23 +363,21 @@ def test_shares_by_count_let_two_claims_that_name_no_memory_share_a_gpu_and_a_th
         delete_pod(c, n)
 
 
-IMEX_MAJOR = 234  # what the simulated node's /proc/devices says (any free character major would do)
+IMEX_MAJOR = 234  # the simulated node's stand-in for /proc/devices (any free character major would do)
 
 
 def test_a_claim_for_an_imex_channel_gets_the_channel_node_with_the_drivers_major(installed):
-    """`draImexChannels: 2` (host-managed IMEX) on a node whose `/proc/devices` (a file the daemon reads through
-    --proc-root, as NVIDIA's CI fakes it) lists nvidia-caps-imex-channels: the channels are published, and a
-    pod's claim for one gets /dev/nvidia-caps-imex-channels/channel<n> with that major and minor n."""
+    """`draImexChannels: 2` (host-managed IMEX) on a simulated node stating `imexChannelsMajor` (what a real
+    node's /proc/devices lists for nvidia-caps-imex-channels): the channels are published, and a pod's claim
+    for one gets /dev/nvidia-caps-imex-channels/channel<n> with that major and minor n."""
     c, image, node = installed["c"], installed["image"], installed["node"]
-    proc = node.node_file.parent / "proc"
-    proc.mkdir(exist_ok=True)
-    (proc / "devices").write_text(f"Character devices:\n195 nvidia\n{IMEX_MAJOR} nvidia-caps-imex-channels\n\n"
-                                  "Block devices:\n  8 sd\n")
+    data = yaml.safe_load(node.node_file.read_text())
+    data["imexChannelsMajor"] = IMEX_MAJOR
+    node.node_file.write_text(yaml.safe_dump(data, sort_keys=False))
     old = wait_daemon_ready(c)["metadata"]["uid"]
     values = chart_values(image, node, dra={"resources": ["nvidia.com/gpu"]},
                           extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
                                     {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
-    values["extraArgs"].append(f"--proc-root={proc}")
     values["config"]["flags"]["draImexChannels"] = 2
     helm_upgrade(c, values)
     wait_daemon_ready(c, not_uid=old)
