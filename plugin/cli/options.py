@@ -193,7 +193,8 @@ def with_settings(command: str) -> Callable:
     return decorate
 
 
-def _nic_pools(settings: Settings) -> tuple[NicPool, ...]:
+def nic_pools(settings: Settings) -> tuple[NicPool, ...]:
+    """The NIC pools of the config file (`nics.resourceList`); none: the default pool takes every NIC."""
     if not settings.config.nic_resource_list:
         return ()
     return parse_pools(settings.config.nic_resource_list, settings.config.path or "<config>",
@@ -218,7 +219,7 @@ def resource_options(settings: Settings) -> ResourceOptions:
             pass_device_specs=v["pass_device_specs"],
             toolkit_dirs=tuple(v.get("toolkit_cdi_dirs") or DEFAULT_TOOLKIT_DIRS),
         ),
-        nic_pools=_nic_pools(settings),
+        nic_pools=nic_pools(settings),
         nic_resource_name=v["nic_resource_name"],
         nic_id_strategy=v["nic_id_strategy"],
         nic_policy=v["nic_allocation_policy"],

@@ -11,6 +11,7 @@ the resource options, then the DRA side.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ..allocation.pod_resources import socket_path
 from ..errors import InputError
@@ -19,7 +20,10 @@ from ..model.resources import ResourceOptions
 from ..runtime.compose.settings import DraSettings, Mode, ServeSettings, SourceSettings
 from ..runtime.compose.source import build_source
 from ..sources.base import TopologySource
-from .options import Settings, check_simulate, option_source, resource_options, resource_reloader
+from .options import Settings, check_simulate, nic_pools, option_source, resource_options, resource_reloader
+
+if TYPE_CHECKING:
+    from ..dra.slices.imex_channels import ImexChannels
 
 
 def source_settings(settings: Settings) -> SourceSettings:
@@ -74,7 +78,40 @@ def dra_settings(settings: Settings) -> DraSettings:
         pod_primary_interface=v["pod_primary_interface"], nccl_env=bool(v["nccl_env"]),
         toolkit_cdi=v["dra_toolkit_cdi"], toolkit_dirs=tuple(v.get("toolkit_cdi_dirs") or DEFAULT_TOOLKIT_DIRS),
         toolkit_kind=f"{v['cdi_vendor']}/{v['cdi_class']}",
-        mps_root=v["mps_root"], mps_control_binary=v["mps_control_binary"])
+        mps_root=v["mps_root"], mps_control_binary=v["mps_control_binary"],
+        gpu_shares=whole_count(settings, "dra_gpu_shares", "shares"), imex=imex_channels(settings),
+        nic_pools=nic_pools(settings), nic_resource_name=v["nic_resource_name"])
+
+
+def whole_count(settings: Settings, dest: str, what: str) -> int:
+    """A count option as an int (a config file's schema says whole numbers too; the flag takes any number)."""
+    value = float(settings.values.get(dest) or 0)
+    if not value.is_integer():
+        raise InputError(f"{option_source(settings, dest)}: {value:g} is not a whole number of {what} "
+                         "(fix: give a count such as 4, or 0 for none)")
+    return int(value)
+
+
+def imex_channels(settings: Settings) -> ImexChannels | None:
+    """`--dra-imex-channels` as `ImexChannels` (None: 0): the major from `--proc-root`'s devices file, or on a
+    simulated node (which reads no procfs) the node file's `imexChannelsMajor`."""
+    from ..dra.slices.imex_channels import ImexChannels, ImexChannelsError, channels_of  # noqa: PLC0415 (DRA mode only)
+    from ..sources.simulated import stated_imex_major  # noqa: PLC0415 (as above)
+
+    count = whole_count(settings, "dra_imex_channels", "IMEX channels")
+    where = option_source(settings, "dra_imex_channels")
+    simulate = settings.values.get("simulate")
+    if simulate and count:
+        major = stated_imex_major(str(simulate))
+        if major is None:
+            raise InputError(f"{where}: the simulated node {simulate} states no imexChannelsMajor (fix: add "
+                             "`imexChannelsMajor: <major>` to its node file, as /proc/devices would list "
+                             "nvidia-caps-imex-channels, or publish no channels)")
+        return ImexChannels(major, count)
+    try:
+        return channels_of(settings.values["proc_root"], count)
+    except ImexChannelsError as e:
+        raise InputError(f"{where}: {e}") from None
 
 
 def mode_of(resources: ResourceOptions) -> Mode:

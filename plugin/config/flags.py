@@ -271,6 +271,18 @@ OPTIONS: tuple[Option, ...] = (
            "can hold shares of one GPU's memory capacity (consumable capacity, KEP-5075; needs the "
            "DRAConsumableCapacity gate, on by default since 1.36). A claim that asks for no memory still takes the "
            "whole GPU (docs/dra.md).", kind="bool", default=False, commands=SERVE, target=Target.DRA),
+    Option("dra_gpu_shares", "Shares by count (NVIDIA's --consumable-shares <count>): publish each GPU served "
+           "through DRA with allowMultipleAllocations and a consumable capacity `shares` of this many, 1 per claim "
+           "unless it asks more, so up to this many claims share a GPU without naming memory (memory then "
+           "defaults to 0 per claim). 0: off. Not enforced on the GPU, as with memory shares (docs/dra.md).",
+           kind="number", default=0, zero_ok=True, maximum=1024, commands=SERVE, target=Target.DRA,
+           metavar="COUNT", schema_extra={"multipleOf": 1}),
+    Option("dra_imex_channels", "Host-managed IMEX (multi-node NVLink, the IMEX daemon runs on the host): publish "
+           "this many IMEX channels (channel 0 up) as DRA devices imex-channel-<n> carrying the node's clique, and "
+           "give a claim's container /dev/nvidia-caps-imex-channels/channel<n> (major from <proc-root>/devices, "
+           "nvidia-caps-imex-channels; the start fails with the fix where the driver has none). 0: none "
+           "(docs/compared-with-nvidia.md).", kind="number", default=0, zero_ok=True, maximum=2048, commands=SERVE,
+           target=Target.DRA, metavar="COUNT", schema_extra={"multipleOf": 1}),
     Option("dra_toolkit_cdi", "DRA mode: give each prepared GPU and MIG device NVIDIA's container toolkit's CDI "
            "device beside ours (<cdi-vendor>/<cdi-class>=<UUID> with uuid; =<index>, a MIG device "
            "<GPU index>:<slot>, with index), so the container also gets the driver's libraries, nvidia-smi, "

@@ -285,7 +285,40 @@ def _read_gpu(nvml: Any, index: int, sysfs_root: str) -> _Gpu | None:
         minor=int(minor) if minor is not None else None,
         memory_mib=int(mem.total) // (1024 * 1024) if mem is not None else None,
     )
+    module = read_module_id(nvml, handle)
+    if module is not None:
+        device = replace(device, attributes={**device.attributes, "module_id": str(module)})
     return _Gpu(index, handle, uuid, bdf, device)
+
+
+#: Why the module ID call gave nothing, logged once per process (every GPU of a node answers alike).
+_MODULE_ID_LOGGED: set[str] = set()
+
+
+def read_module_id(nvml: Any, handle: Any) -> int | None:
+    """The GPU's module ID on an NVSwitch baseboard (`nvmlDeviceGetModuleId`), or None.
+
+    Optional, as every newer NVML call here: bindings without the function, a driver without it
+    (FUNCTION_NOT_FOUND) or a GPU that has none (NOT_SUPPORTED, PCIe cards) leave the `gpuModuleID`
+    DRA attribute out, logged once. The module ID is what Fabric Manager's partitions are made of.
+    """
+    fn = getattr(nvml, "nvmlDeviceGetModuleId", None)
+    reason: str | None = None
+    if fn is None:
+        reason = "the NVML bindings have no nvmlDeviceGetModuleId"
+    else:
+        try:
+            value = int(fn(handle))
+        except nvml.NVMLError as e:
+            reason = f"nvmlDeviceGetModuleId: {e}"
+        else:
+            if value > 0:
+                return value
+            reason = "nvmlDeviceGetModuleId answered 0"
+    if reason not in _MODULE_ID_LOGGED:
+        _MODULE_ID_LOGGED.add(reason)
+        log.info("GPU module IDs not published (no gpuModuleID DRA attribute)", extra={"reason": reason})
+    return None
 
 
 #: NVML's fabric states in words (`FabricInfo.state`).

@@ -680,6 +680,8 @@ BAD_VALUES = [
     ("--set", "dra.netdevAttach=on", "/dra/netdevAttach"),
     ("--set", "dra.nriSocket=nri.sock", "/dra/nriSocket"),
     ("--set", "config.flags.netdevAttach=auto", "netdevAttach"),  # dra.netdevAttach owns it (and the privileges)
+    ("--set", "config.flags.draGpuShares=2.5", "draGpuShares"),  # a count of shares
+    ("--set", "config.flags.draGpuShares=2000", "draGpuShares"),  # at most 1024
 ]
 
 

@@ -121,7 +121,8 @@ def test_live_is_derived_from_what_an_option_feeds():
 
 #: Values other than the default where the kind's rule below would not fit the option.
 OTHER_VALUE = {"cdiAnnotationPrefix": "example.com/", "draResources": ["nvidia.com/gpu"], "migStrategy": "mixed",
-               "draMigGpus": ["0"], "toolkitCdiDirs": ["/etc/elsewhere-cdi"]}
+               "draMigGpus": ["0"], "toolkitCdiDirs": ["/etc/elsewhere-cdi"], "draGpuShares": 4,
+               "draImexChannels": 2}
 
 
 def other_value(o) -> object:

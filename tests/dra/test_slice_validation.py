@@ -153,3 +153,24 @@ def test_taint_values_naming_the_xid_and_the_action_are_accepted(validator):
     raw = _broken(lambda s: _dev(s).update(taints=[{"key": "topo.dev/unhealthy", "value": "xid-48: reset GPU",
                                                     "effect": "NoSchedule"}]))
     assert validate(validator, raw).returncode == 1
+
+
+def test_shares_by_count_multus_attributes_and_partitions_are_accepted(validator):
+    """Issue 34's additions pass the API server's validation: the `shares` capacity with its request
+    policy (and memory's, defaulting to 0), Multus's `k8s.cni.cncf.io/` attributes on NICs, and the
+    partition attributes (the most attributes a GPU carries here)."""
+    from dataclasses import replace
+
+    base = load_simulated("dgx-h100")
+    gpus = [replace(d, attributes={**d.attributes, "module_id": str(d.index + 1), "partition_1": str(d.index),
+                                   "partition_2": str(d.index // 2), "partition_4": str(d.index // 4),
+                                   "partition_8": "0"}) if d.kind == DeviceKind.GPU else
+            replace(d, pci_bus_id=f"0000:{0x1a + 0x10 * d.index:02x}:00.0") for d in base.devices]
+    topology = NodeTopology.build(gpus, base.links, source=base.source)
+    opts = replace(OPTS, gpu_shares=8, nic_resource_name=lambda d: "topo.dev/nic")
+    slices = build_resource_slices(topology, opts)
+    devs = [d for s in slices for d in s["spec"]["devices"]]
+    assert all("shares" in d["capacity"] for d in devs if d["name"].startswith("gpu-"))
+    assert all("k8s.cni.cncf.io/resourceName" in d["attributes"] for d in devs if d["name"].startswith("nic-"))
+    out = accepted(validate(validator, slices))
+    assert sum(o["devices"] for o in out) == 16

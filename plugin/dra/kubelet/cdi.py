@@ -50,7 +50,7 @@ from allocator.pairing import pair_weight
 from allocator.topology import Device, DeviceKind, NodeTopology
 
 from ...model.cdi import CdiOptions, CdiSpecWriter, claim_spec
-from ...model.cdi.spec import Edits
+from ...model.cdi.spec import CdiDevice, CdiSpec, DeviceNode, Edits
 from ...model.cdi.toolkit import ToolkitSpecs
 from ...model.cdi.writer import CdiWriteError
 from ...model.nccl_env import nccl_env
@@ -90,10 +90,12 @@ def _dir_error(e: CdiWriteError) -> CdiDirError:
 class ClaimCdi(Protocol):
     def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]],
                          settings: Mapping[str, Mapping[str, str]] | None = None,
-                         edits: Mapping[str, Edits] | None = None) -> list[list[str]]:
+                         edits: Mapping[str, Edits] | None = None,
+                         channels: Sequence[tuple[str, DeviceNode]] = ()) -> list[list[str]]:
         """Write the claim's spec; `devices` are (slice device name, Device); `settings` adds env per device
         ({name: {suffix: value}} -> `TOPO_DEV_<NAME>_<SUFFIX>=value`), `edits` env and mounts as they are
-        (MPS: `plugin.dra.claims.mps`); returns CDI IDs per device."""
+        (MPS: `plugin.dra.claims.mps`); returns CDI IDs per device. A claim with IMEX channels is also given
+        `channels=[(slice device name, DeviceNode)]`, whose IDs follow."""
         ...
 
     def remove_claim_spec(self, claim_uid: str) -> None: ...
@@ -145,21 +147,29 @@ class ClaimSpecs:
 
     def write_claim_spec(self, claim_uid: str, devices: Sequence[tuple[str, Device]],
                          settings: Mapping[str, Mapping[str, str]] | None = None,
-                         edits: Mapping[str, Edits] | None = None) -> list[list[str]]:
+                         edits: Mapping[str, Edits] | None = None,
+                         channels: Sequence[tuple[str, DeviceNode]] = ()) -> list[list[str]]:
         check_claim_uid(claim_uid)
         # Before anything is written: a claim the toolkit's spec cannot serve leaves nothing behind.
         toolkit = self.toolkit.resolve(d for _, d in devices) if self.toolkit else [[] for _ in devices]
         named = [(f"{claim_uid}-{name}", d) for name, d in devices]
-        extra = edits or {}
+        extra_edits = edits or {}
         env = [device_env(name, d) + setting_env(name, (settings or {}).get(name, {}))
-               + list(extra[name].env if name in extra else ()) for name, d in devices]
-        mounts = [extra[name].mounts if name in extra else () for name, _ in devices]
-        spec = claim_spec(self.kind, named, self.options, env, self.claim_env([d for _, d in devices]), mounts)
+               + list(extra_edits[name].env if name in extra_edits else ()) for name, d in devices]
+        mounts = [extra_edits[name].mounts if name in extra_edits else () for name, _ in devices]
+        # IMEX channels: their device node alone (a claim may hold channels and nothing else).
+        extra = tuple(CdiDevice(f"{claim_uid}-{name}", Edits((node,))) for name, node in channels)
+        if named:
+            spec = claim_spec(self.kind, named, self.options, env, self.claim_env([d for _, d in devices]), mounts)
+            spec = CdiSpec(spec.kind, spec.devices + extra, spec.edits) if extra else spec
+        else:
+            spec = CdiSpec(self.kind, extra)
         try:
             self.writer.write(spec, self.file_name(claim_uid))
         except CdiWriteError as e:
             raise _dir_error(e) from None
-        return [[spec.qualified(n), *extra] for (n, _), extra in zip(named, toolkit)]
+        return ([[spec.qualified(n), *more] for (n, _), more in zip(named, toolkit)]
+                + [[spec.qualified(d.name)] for d in extra])
 
     def claim_env(self, devices: Sequence[Device]) -> list[str]:
         """The NCCL hint of a claim's devices as `KEY=VALUE` (none without `nccl_topology`).

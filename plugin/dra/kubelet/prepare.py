@@ -76,6 +76,7 @@ from ...kube.client import KubeApiUnreachable
 from ..mig.prepare import MigPreparer
 from ..network.nic_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
 from ..network.conflicts import check_conflicts
+from ..slices.imex_channels import channel_of
 from ..claims.sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
     device_settings, state_path
 from ..slices.build import SliceOptions, device_table
@@ -102,6 +103,8 @@ class Planned(NamedTuple):
     pods: tuple[str, ...]
     #: The GPUs its GpuConfig puts under MPS, with their limits (plugin/dra/claims/mps.py).
     mps: dict[str, tuple[Device, MpsSettings]] = {}
+    #: The claim's IMEX channels: (slice device name, channel, request names); no Device of the topology.
+    channels: tuple[tuple[str, int, list[str]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -303,7 +306,7 @@ class ClaimPreparer:
         """Under the checkpoint lock: write the batch's CDI specs and record the batch (one file write)."""
         done: dict[str, Outcome] = {}
         holders: Holders | None = None  # who holds a time-slice on which GPU: built once per batch, when needed
-        for ref, (allocated, shares, wants, networks, pods, mps) in ready:
+        for ref, (allocated, shares, wants, networks, pods, mps, channels) in ready:
             if ref.uid in claims:  # another call or instance prepared it meanwhile
                 done[ref.uid] = claims[ref.uid]
                 continue
@@ -332,9 +335,13 @@ class ClaimPreparer:
                 in_pod = {name: _renamed(dev, networks[name].pod_name) if name in networks else dev
                           for name, dev in devices.items()}
                 # MPS: the claim joins (or starts) each GPU's control daemon; its spec gets the pipe and limits.
-                mps_edits = {"edits": self.mps.acquire(ref.uid, mps)} if mps else {}
-                cdi_ids = dict(zip(devices, self.cdi.write_claim_spec(ref.uid, list(in_pod.items()),
-                                                                      device_settings(wants), **mps_edits)))
+                extras: dict[str, Any] = {"edits": self.mps.acquire(ref.uid, mps)} if mps else {}
+                nodes = [(name, self.options.imex.device_node(n)) for name, n, _ in channels
+                         if self.options.imex is not None]
+                if nodes:  # `channels=` only when there are some: stand-ins of ClaimCdi in tests predate it
+                    extras["channels"] = nodes
+                ids = self.cdi.write_claim_spec(ref.uid, list(in_pod.items()), device_settings(wants), **extras)
+                cdi_ids = dict(zip([*devices, *(name for name, _ in nodes)], ids))
             except Exception as e:  # noqa: BLE001 (this claim fails alone; the batch is still recorded)
                 if mps:
                     self.mps.release(ref.uid)
@@ -348,7 +355,9 @@ class ClaimPreparer:
                                              cdi_device_ids=tuple(cdi_ids[name]),
                                              timeslice=wants[name].value if name in wants else "", share_id=share,
                                              network=networks.get(name))
-                              for (name, _, reqs), share in zip(allocated, shares)),
+                              for (name, _, reqs), share in zip(allocated, shares))
+                + tuple(PreparedDevice(pool=self.options.pool, device=name, requests=tuple(reqs),
+                                       cdi_device_ids=tuple(cdi_ids[name])) for name, _, reqs in channels),
                 pods=pods,
             )
             if wants and holders is not None:
@@ -370,7 +379,7 @@ class ClaimPreparer:
                           table: dict[str, Device]) -> Planned | Exception:
         try:
             claim = parse_claim(await self._read(ref, reads))  # the one parse; everything below reads `claim`
-            allocated, shares = self._allocated_devices(ref, claim, table)
+            allocated, shares, channels = self._allocated_devices(ref, claim, table)
             try:
                 wants = self.sharing.wanted(claim, allocated)
                 mps = mps_wanted(claim, allocated, self.options.driver_name)
@@ -382,7 +391,7 @@ class ClaimPreparer:
                 log.warning("claim refused: bad NIC configuration", extra={"uid": ref.uid, "reason": str(e)})
                 await self.network.refused(ref, allocated, e)
                 return PrepareError(str(e))
-            return Planned(allocated, shares, wants, networks, claim.reserved_pods, mps)
+            return Planned(allocated, shares, wants, networks, claim.reserved_pods, mps, channels)
         except PrepareError as e:
             return e
         except Exception as e:
@@ -413,9 +422,9 @@ class ClaimPreparer:
                 raise PrepareError(f"reading {where}: "
                                    f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
 
-    def _allocated_devices(self, ref: ClaimRef, claim: Claim,
-                           table: dict[str, Device]) -> tuple[Allocated, list[str]]:
-        """The claim's devices of our pool and, per entry, its share ID (see `Planned`)."""
+    def _allocated_devices(self, ref: ClaimRef, claim: Claim, table: dict[str, Device]
+                           ) -> tuple[Allocated, list[str], tuple[tuple[str, int, list[str]], ...]]:
+        """The claim's devices of our pool, per entry its share ID, and its IMEX channels (see `Planned`)."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         uid = claim.uid
         if uid != ref.uid:
@@ -424,12 +433,20 @@ class ClaimPreparer:
         if not ours:
             raise PrepareError(f"{where} has no devices allocated from driver {self.options.driver_name}")
         out: dict[tuple[str, str], tuple[str, Device, list[str]]] = {}
+        channels: dict[str, tuple[str, int, list[str]]] = {}
+        imex = self.options.imex
         for r in ours:
             pool, name = r.pool, r.device
             if pool != self.options.pool:
                 raise PrepareError(f"{where}: device {name} is from pool {pool}, this node serves pool "
                                    f"{self.options.pool}")
             dev = table.get(name) if name is not None else None
+            channel = channel_of(str(name)) if dev is None and name is not None and imex is not None else None
+            if channel is not None and imex is not None and channel < imex.count:
+                entry_c = channels.setdefault(str(name), (str(name), channel, []))
+                if r.request and r.request not in entry_c[2]:
+                    entry_c[2].append(r.request)
+                continue
             if dev is None or name is None:
                 raise PrepareError(f"{where}: device {name} is not on this node any more")
             if not dev.healthy:
@@ -439,7 +456,7 @@ class ClaimPreparer:
             entry = out.setdefault((name, share), (name, dev, []))
             if request and request not in entry[2]:
                 entry[2].append(request)
-        return list(out.values()), [share for _, share in out]
+        return list(out.values()), [share for _, share in out], tuple(channels.values())
 
     # -- unprepare -----------------------------------------------------------------------------
     async def unprepare(self, ref: ClaimRef) -> None:

@@ -21,7 +21,21 @@ Attributes (resource.k8s.io/v1, Kubernetes 1.37):
   `vfIndex`, `linkType`, `driver`. GPU memory is the capacity `memory`; with
   `shared_gpus` a GPU also says `allowMultipleAllocations: true`, so claims
   can take shares of that memory (consumable capacity, KEP-5075, beta and on
-  by default since 1.36; docs/dra.md "Sharing a GPU").
+  by default since 1.36; docs/dra.md "Sharing a GPU"). With `gpu_shares` N a
+  shared GPU also has the capacity `shares` (N, 1 per claim by default, NVIDIA's
+  `--consumable-shares <count>`), and `memory` then defaults to 0 per claim, so a
+  claim takes 1 of N shares without naming memory.
+  NICs also carry Multus's two attributes (multus-cni PR #1492, its draclient):
+  `k8s.cni.cncf.io/resourceName` (the NIC's resource name in device-plugin
+  mode, its pool's, which a NetworkAttachmentDefinition's
+  `k8s.v1.cni.cncf.io/resourceName` annotation names) and
+  `k8s.cni.cncf.io/deviceID` (its PCI address, what Multus hands the CNI
+  plugin, e.g. host-device's `pciBusID`); Multus skips a device without both.
+  GPUs whose NVML reports a module ID carry `gpuModuleID`, and those whose node
+  states Fabric Manager partitions `partition1/2/4/8` (the ID of the partition
+  of that size holding the GPU; NVIDIA's DRA driver's names and meaning).
+  With `imex`, IMEX channels follow the GPUs and NICs as devices of their own
+  (`imex-channel-<n>`: `type`, `id`, the node's `clique`; plugin/dra/slices/imex_channels.py).
   GPUs in a completed NVLink fabric (GB200/GB300 NVL72) also carry `clique`
   (string `<cluster UUID>.<clique ID>`, the value of GPU Feature Discovery's
   `nvidia.com/gpu.clique` label), so a claim can keep its GPUs in one domain.
@@ -47,6 +61,7 @@ from allocator.topology import Device, DeviceKind, LinkLevel, NodeTopology
 from ...health.policy import taint_value
 from ...model.identity import device_uuid
 from .device_order import locality_order
+from .imex_channels import ImexChannels, channel_devices
 from ..mig.devices import MAX_COUNTER_SETS_PER_SLICE, DraMig, counter_sets, expand_gpu, table_entries
 from .topology_groups import MAX_VALUE_LENGTH, membership, nvlink_domains, pcie_switch_groups, root_complex_groups
 
@@ -56,10 +71,16 @@ STANDARD_PREFIX = "resource.kubernetes.io/"
 ATTR_PCI_BUS_ID = STANDARD_PREFIX + "pciBusID"
 ATTR_PCIE_ROOT = STANDARD_PREFIX + "pcieRoot"
 ATTR_NUMA_NODE = STANDARD_PREFIX + "numaNode"
+#: Multus's attributes on DRA devices it attaches networks to (multus-cni pkg/draclient).
+MULTUS_PREFIX = "k8s.cni.cncf.io/"
+ATTR_MULTUS_RESOURCE_NAME = MULTUS_PREFIX + "resourceName"
+ATTR_MULTUS_DEVICE_ID = MULTUS_PREFIX + "deviceID"
 UNHEALTHY_POLICIES = ("taint", "remove")
 #: Devices per slice when any device may carry a taint (ResourceSliceMaxDevicesWithAdvancedFeatures).
 MAX_DEVICES_PER_SLICE = 64
 MANAGED_BY = "topo-device-plugin"
+#: A bound on `gpu_shares` (as for time-slicing replicas: far more claims than one GPU can run).
+MAX_GPU_SHARES = 1024
 
 _BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _ROOT_RE = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
@@ -69,6 +90,10 @@ _SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 def _everything(_: Device) -> bool:
     return True
+
+
+def _no_name(_: Device) -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -91,6 +116,13 @@ class SliceOptions:
     #: GPUs with a memory size allow multiple allocations (consumable capacity, KEP-5075): a claim may ask for
     #: a share of the `memory` capacity; one that asks for none takes all of it, i.e. the whole GPU.
     shared_gpus: bool = False
+    #: Shares by count (0: off): each GPU also has the capacity `shares` of this many, 1 per claim by default,
+    #: and allows multiple allocations (NVIDIA's `--consumable-shares <count>`).
+    gpu_shares: int = 0
+    #: The device-plugin resource name of a NIC (its pool's), published for Multus; None: not published.
+    nic_resource_name: Callable[[Device], str | None] = field(default=_no_name, compare=False)
+    #: Host-managed IMEX channels to publish (plugin/dra/slices/imex_channels.py); None: none.
+    imex: ImexChannels | None = None
 
     def __post_init__(self) -> None:
         check_driver_name(self.driver_name)
@@ -102,6 +134,13 @@ class SliceOptions:
             raise ValueError(f"unhealthy policy {self.unhealthy!r} is not one of {', '.join(UNHEALTHY_POLICIES)}")
         if not 1 <= self.max_devices_per_slice <= MAX_DEVICES_PER_SLICE:
             raise ValueError(f"max_devices_per_slice must be 1..{MAX_DEVICES_PER_SLICE}")
+        if not 0 <= self.gpu_shares <= MAX_GPU_SHARES:
+            raise ValueError(f"gpu_shares {self.gpu_shares} is not 0..{MAX_GPU_SHARES} (0: no share count)")
+
+    @property
+    def shares_gpus(self) -> bool:
+        """GPUs say allowMultipleAllocations (memory shares, or shares by count)."""
+        return self.shared_gpus or self.gpu_shares > 0
 
     @property
     def pool(self) -> str:
@@ -185,8 +224,39 @@ def _gpu_attributes(topology: NodeTopology, d: Device) -> tuple[dict[str, Any], 
     if d.fabric is not None and d.fabric.state == "completed":
         # The NVLink domain (multi-node NVLink): a claim can ask for GPUs of one clique.
         attrs["clique"] = _s(d.fabric.clique)
+    attrs.update(partition_attributes(d))
     capacity = {"memory": {"value": f"{d.memory_mib}Mi"}} if d.memory_mib else {}
     return attrs, capacity
+
+
+def partition_attributes(d: Device) -> dict[str, Any]:
+    """`gpuModuleID` and `partition<size>` from the GPU's attributes (`module_id`, `partition_<size>`).
+
+    Why these names: NVIDIA's DRA driver publishes the same (cmd/gpu-kubelet-plugin/deviceinfo.go), so a
+    claim written for it (`matchAttribute: gpu.nvidia.com/partition4` there, `topo.dev/partition4` here)
+    keeps its meaning: all GPUs of the claim in one Fabric Manager partition of that size. Only what the
+    source read is published; a GPU without a module ID or partitions has none of them.
+    """
+    a: Mapping[str, str] = d.attributes
+    out: dict[str, Any] = {}
+    if a.get("module_id", "").isdigit() and int(a["module_id"]) > 0:
+        out["gpuModuleID"] = {"int": int(a["module_id"])}
+    for size in PARTITION_SIZES:
+        value = a.get(f"partition_{size}", "")
+        if value.isdigit():
+            out[f"partition{size}"] = {"int": int(value)}
+    return out
+
+
+#: The Fabric Manager partition sizes an 8-GPU NVSwitch board has (NVIDIA's attribute names).
+PARTITION_SIZES = (1, 2, 4, 8)
+
+
+def _multus_attributes(d: Device, resource_name: str | None) -> dict[str, Any]:
+    """Multus's pair, only when both are known: its draclient skips a device that lacks either."""
+    if not resource_name or not d.pci_bus_id or not _BDF_RE.match(d.pci_bus_id.lower()):
+        return {}
+    return {ATTR_MULTUS_RESOURCE_NAME: _s(resource_name), ATTR_MULTUS_DEVICE_ID: _s(d.pci_bus_id.lower())}
 
 
 def _nic_attributes(d: Device) -> dict[str, Any]:
@@ -269,6 +339,7 @@ def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[st
             attrs, capacity = _gpu_attributes(topology, d)
         else:
             attrs = _nic_attributes(d)
+            attrs.update(_multus_attributes(d, options.nic_resource_name(d)))
         if d.name in switches:
             attrs["pcieSwitch"] = _s(switches[d.name])
         if d.name in nvlink:
@@ -279,16 +350,37 @@ def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[st
         entry: dict[str, Any] = {"name": name, "attributes": dict(sorted(attrs.items()))}
         if capacity:
             entry["capacity"] = capacity
-            if options.shared_gpus and d.kind == DeviceKind.GPU:
+            if options.shares_gpus and d.kind == DeviceKind.GPU:
                 # No requestPolicy: a request without `capacity` consumes the whole memory, so claims that
                 # know nothing of sharing still get a GPU of their own.
                 entry["allowMultipleAllocations"] = True
+                if options.gpu_shares:
+                    entry["capacity"] = share_capacity(capacity, options.gpu_shares)
         if not d.healthy:
             # The value names the cause and the action (`xid-48.reset-gpu`): a taint value must be a label value.
             entry["taints"] = [{"key": f"{options.driver_name}/unhealthy",
                                 "value": taint_value(d.health_reason) if d.health_reason else d.health,
                                 "effect": "NoSchedule"}]
         out.extend(expand_gpu(topology, d, entry, options.mig) if d.kind == DeviceKind.GPU else [entry])
+    if options.imex is not None:  # last: the GPUs' and NICs' slice order stays as it was
+        out.extend(channel_devices(topology, options.imex.count))
+    return out
+
+
+def share_capacity(capacity: dict[str, Any], shares: int) -> dict[str, Any]:
+    """Capacity for shares by count, as NVIDIA's `--consumable-shares <count>` publishes it.
+
+    `shares`: N, each claim 1 unless it asks more (1..N, step 1). `memory`: each claim 0 unless it
+    asks (0..all, step 1Mi), so a claim naming only a share count does not take the whole memory;
+    one that names memory still gets (and is accounted) that much.
+    """
+    out = dict(capacity)
+    if "memory" in out:
+        total = out["memory"]["value"]
+        out["memory"] = {"value": total, "requestPolicy": {
+            "default": "0", "validRange": {"min": "0", "max": total, "step": "1Mi"}}}
+    out["shares"] = {"value": str(shares), "requestPolicy": {
+        "default": "1", "validRange": {"min": "1", "max": str(shares), "step": "1"}}}
     return out
 
 

@@ -135,6 +135,20 @@ def dra_mig(s: DraSettings) -> tuple[DraMig, Callable[[str], Any] | None, Any]:
     return DraMig(s.mig_mode, s.mig_gpus, placements=placements), lambda _plugin_dir: nvml, caps
 
 
+def nic_resource_names(s: DraSettings) -> Callable[[Device], str | None]:
+    """A NIC's device-plugin resource name (the first NIC pool that selects it, or --nic-resource-name without
+    pools), which Multus's NetworkAttachmentDefinitions name: the same name in both modes."""
+    from ...model.nic_pools.pools import pool_of  # noqa: PLC0415 (DRA mode only)
+
+    def name(device: Device) -> str | None:
+        if not s.nic_pools:
+            return s.nic_resource_name
+        pool = pool_of(device, s.nic_pools)
+        return pool.resource_name if pool is not None else None
+
+    return name
+
+
 def dra_factory(s: DraSettings) -> DraFactory:
     """How `serve` makes its DRA driver: the node from NODE_NAME, this instance from POD_UID (the chart sets
     both from the downward API), the API server through the pod's service account, or the file KUBECONFIG
@@ -146,7 +160,8 @@ def dra_factory(s: DraSettings) -> DraFactory:
 
         mig, backend, caps = dra_mig(s)
         try:
-            slices = SliceOptions(node_name=s.node_name, include=include, mig=mig, shared_gpus=s.shared_gpus)
+            slices = SliceOptions(node_name=s.node_name, include=include, mig=mig, shared_gpus=s.shared_gpus,
+                                  gpu_shares=s.gpu_shares, nic_resource_name=nic_resource_names(s), imex=s.imex)
         except ValueError as e:
             raise InputError(f"NODE_NAME: {e} (fix: set it from fieldRef spec.nodeName)") from None
         try:

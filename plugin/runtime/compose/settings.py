@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ...model.resources import ResourceOptions
+
+if TYPE_CHECKING:
+    from ...dra.slices.imex_channels import ImexChannels
+    from ...model.nic_pools.pools import NicPool
 
 #: How `serve` runs: device-plugin servers only, DRA only, or both (some resources each way).
 Mode = Literal["device-plugin", "dra", "both"]
@@ -69,6 +73,14 @@ class DraSettings:
     #: MPS claims: the control daemons' host directory (`--mps-root`) and program (`--mps-control-binary`).
     mps_root: str
     mps_control_binary: str
+    #: `--dra-gpu-shares`: shares per GPU a claim can take by count (0: none).
+    gpu_shares: int = 0
+    #: `--dra-imex-channels` with the channels' major (None: no channels published).
+    imex: ImexChannels | None = None
+    #: The NIC pools and the default NIC resource name: a NIC's Multus `resourceName` attribute is its
+    #: device-plugin resource name, the same in both modes.
+    nic_pools: tuple[NicPool, ...] = ()
+    nic_resource_name: str = ""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ __all__ = [
     "load_topo_matrix",
     "parse_topo_matrix",
     "source_path",
+    "stated_imex_major",
 ]
 
 
@@ -46,6 +47,23 @@ def source_path(source: str) -> pathlib.Path | None:
     if source in builtin_names():
         return None
     return pathlib.Path(source)
+
+
+def stated_imex_major(source: str) -> int | None:
+    """The `imexChannelsMajor` a YAML node file states (None: a built-in, topo -m text, or not stated).
+
+    Why here and not in the topology: it is no device's fact but the driver's, standing in for the
+    `nvidia-caps-imex-channels` line of /proc/devices, which a simulated node has no procfs for.
+    """
+    path = source_path(source)
+    if path is None:
+        return None
+    try:
+        data, _ = yaml_input.load(read_text(str(path)))
+    except (YamlProblem, OSError):  # not YAML (topo -m text), or unreadable: loading the node says why
+        return None
+    value = data.get("imexChannelsMajor") if isinstance(data, dict) else None
+    return value if isinstance(value, int) else None
 
 
 def load_simulated(source: str) -> NodeTopology:

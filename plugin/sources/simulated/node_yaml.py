@@ -164,6 +164,11 @@ def _apply(dev: Device, spec: Mapping[str, Any]) -> Device:
     # (plugin/sources/sysfs_nics.py ATTRIBUTES): DRA attaches that netdev to the pod (docs/networking.md).
     # Only the RDMA device's name: `rdma` stays unset, as no /dev/infiniband node is simulated.
     extra = {attr: spec[key] for key, attr in (("netdev", "netdev"), ("rdmaDevice", "rdma_devices")) if key in spec}
+    # An NVSwitch board's module ID and Fabric Manager partitions (plugin/dra/slices.py partition_attributes).
+    if "moduleId" in spec:
+        extra["module_id"] = str(spec["moduleId"])
+    extra.update({f"partition_{key.removeprefix('partition')}": str(pid)
+                  for key, pid in (spec.get("partitions") or {}).items()})
     if extra:
         changes["attributes"] = {**dev.attributes, **extra}
     if "fabric" in spec:

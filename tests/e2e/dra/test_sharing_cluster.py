@@ -13,7 +13,11 @@ the chart serves the simulated DGX H100's GPUs through DRA. The story:
 - consumable capacity (`draSharedGpus`: GPUs published with allowMultipleAllocations; the
   DRAConsumableCapacity gate is on by default in 1.37): three claims each take 10Gi of one GPU's
   memory. The GPU has one time-slice setting: the claims asking Long both run on it, the one
-  asking Short waits with our reason.
+  asking Short waits with our reason;
+- shares by count (`draGpuShares: 2`, after a `helm upgrade`): two claims that name neither
+  memory nor shares run on one GPU with a share each, a third for the same GPU stays unscheduled;
+- host-managed IMEX channels (`draImexChannels: 2`, the simulated node stating the channels'
+  major as /proc/devices would): a pod's claim for a channel gets its device node with that major.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 from cluster import NODE, Cluster
 from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
@@ -296,8 +301,113 @@ def test_shares_of_one_gpu_by_consumable_capacity_hold_one_time_slice_setting(in
     assert gpu_settings(c) == {}
 
 
+COUNTED = ("count-a", "count-b", "count-c")
+
+
+def counted_claim(name: str, gpu_index: int) -> dict[str, Any]:
+    """A claim for one GPU of a given index, naming no capacity and no config: with shares by count it takes 1."""
+    sel = [{"cel": {"expression": f'device.attributes["{DRIVER}"].index == {gpu_index}'}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": f"gpu.{DRIVER}", "selectors": sel}}]}}}
+
+
+def test_shares_by_count_let_two_claims_that_name_no_memory_share_a_gpu_and_a_third_wait(installed):
+    """`draGpuShares: 2` (NVIDIA's --consumable-shares 2): each claim takes one share by default and no memory."""
+    c, image, node = installed["c"], installed["image"], installed["node"]
+    old = wait_daemon_ready(c)["metadata"]["uid"]
+    values = chart_values(image, node, dra={"resources": ["nvidia.com/gpu"]},
+                          extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                                    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+    values["config"]["flags"].update({"draSharedGpus": True, "draGpuShares": 2})
+    helm_upgrade(c, values)
+    wait_daemon_ready(c, not_uid=old)
+
+    def counted_gpus():
+        gpus = [d for s in c.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER
+                for d in s["spec"].get("devices", []) if d["name"].startswith("gpu-")]
+        return gpus if len(gpus) == 8 and all("shares" in d.get("capacity", {}) for d in gpus) else None
+    gpus = wait_for("GPUs published with a share count", counted_gpus, 180)
+    assert gpus[0]["capacity"]["shares"]["value"] == "2", gpus[0]["capacity"]
+    for name in COUNTED:
+        c.apply(counted_claim(name, 5))
+    for name in COUNTED[:2]:
+        c.apply(claim_pod(name, image, name))
+    for name in COUNTED[:2]:
+        wait_running(c, name)
+    c.apply(claim_pod(COUNTED[2], image, COUNTED[2]))
+    claims = {n: c.get("resourceclaim", n, "-n", NAMESPACE) for n in COUNTED[:2]}
+    results = [r for cl in claims.values() for r in cl["status"]["allocation"]["devices"]["results"]]
+    assert {r["device"] for r in results} == {"gpu-5"}
+    assert len({r.get("shareID") for r in results}) == 2 and all(r.get("shareID") for r in results), results
+    for r in results:
+        used = r.get("consumedCapacity", {})
+        assert used.get("shares") == "1" and used.get("memory", "0") == "0", used
+
+    def unschedulable():
+        conds = get_pod(c, COUNTED[2]).get("status", {}).get("conditions", [])
+        return next((x for x in conds if x.get("type") == "PodScheduled" and x.get("reason") == "Unschedulable"),
+                    None)
+    try:
+        cond = wait_for("the third claim's pod unschedulable", unschedulable, 180)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+    assert get_pod(c, COUNTED[2])["status"]["phase"] == "Pending", cond
+    assert "allocation" not in c.get("resourceclaim", COUNTED[2], "-n", NAMESPACE).get("status", {})
+    # Both running pods got GPU 5.
+    for n in COUNTED[:2]:
+        rep = wait_for(f"pod {n}'s report", lambda n=n: report(c, n), 60)
+        assert [p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)] == ["/dev/nvidia5"]
+    for n in COUNTED:
+        delete_pod(c, n)
+
+
+IMEX_MAJOR = 234  # the simulated node's stand-in for /proc/devices (any free character major would do)
+
+
+def test_a_claim_for_an_imex_channel_gets_the_channel_node_with_the_drivers_major(installed):
+    """`draImexChannels: 2` (host-managed IMEX) on a simulated node stating `imexChannelsMajor` (what a real
+    node's /proc/devices lists for nvidia-caps-imex-channels): the channels are published, and a pod's claim
+    for one gets /dev/nvidia-caps-imex-channels/channel<n> with that major and minor n."""
+    c, image, node = installed["c"], installed["image"], installed["node"]
+    data = yaml.safe_load(node.node_file.read_text())
+    data["imexChannelsMajor"] = IMEX_MAJOR
+    node.node_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    old = wait_daemon_ready(c)["metadata"]["uid"]
+    values = chart_values(image, node, dra={"resources": ["nvidia.com/gpu"]},
+                          extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                                    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+    values["config"]["flags"]["draImexChannels"] = 2
+    helm_upgrade(c, values)
+    wait_daemon_ready(c, not_uid=old)
+
+    def channels():
+        names = sorted(d["name"] for s in c.get("resourceslices")["items"] if s["spec"]["driver"] == DRIVER
+                       for d in s["spec"].get("devices", []) if d["name"].startswith("imex-channel-"))
+        return names or None
+    assert wait_for("IMEX channels published", channels, 180) == ["imex-channel-0", "imex-channel-1"]
+    # The chart ships no class for channels yet: the test makes one.
+    c.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"imex.{DRIVER}"},
+             "spec": {"selectors": [{"cel": {"expression":
+                      f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "imex-channel"'}}]}})
+    c.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "imex", "namespace": NAMESPACE},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"imex.{DRIVER}"}}]}}})
+    c.apply(claim_pod("imex", image, "imex"))
+    wait_running(c, "imex")
+    [result] = c.get("resourceclaim", "imex", "-n", NAMESPACE)["status"]["allocation"]["devices"]["results"]
+    channel = int(result["device"].rsplit("-", 1)[1])
+    rep = wait_for("pod imex's report", lambda: report(c, "imex"), 60)
+    got = {p: v for p, v in rep["devices"].items() if p.startswith("/dev/nvidia-caps-imex-channels/")}
+    assert got == {f"/dev/nvidia-caps-imex-channels/channel{channel}": [IMEX_MAJOR, channel]}, rep["devices"]
+    assert not [p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)]  # a channel, no GPU
+    delete_pod(c, "imex")
+    c.kubectl("delete", "deviceclass", f"imex.{DRIVER}", "--wait=false", check=False)
+
+
 def test_teardown_stops_everything_and_leaves_nothing(installed):
     c = installed["c"]
-    for name in ("shared-gpu", "bad-gpu", *(f"share-{n}" for n in SHARES)):
+    for name in ("shared-gpu", "bad-gpu", *(f"share-{n}" for n in SHARES), *COUNTED, "imex"):
         c.kubectl("delete", "resourceclaim", "-n", NAMESPACE, name, "--wait=false", check=False)
     down_and_check_nothing_left(c)

@@ -52,6 +52,10 @@ other than completed reports a zero cluster UUID and clique 0, as NVML does
 before the fabric manager has registered the GPU. Drivers before the calls existed:
 `missing_functions={"nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"}`.
 
+NVSwitch boards: `nvmlDeviceGetModuleId` answers a GPU's `module_id` attribute (a simulated node's
+`moduleId`), NOT_SUPPORTED without one; `missing_functions={"nvmlDeviceGetModuleId"}` is a driver
+without the call.
+
 Failure and event injection for tests: `init_error`, `lose(gpu)` /
 `restore(gpu)`, `down_links`, `remote_device_type` ("ok"; "function-not-found":
 the driver lacks the call; "absent": the bindings lack it; "unknown": the driver
@@ -728,6 +732,15 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: Any) -> str:
         self._count("nvmlDeviceGetName")
         return self._h(handle).model
+
+    def nvmlDeviceGetModuleId(self, handle: Any) -> int:
+        """The GPU's module ID on its baseboard, from the topology's `module_id` attribute (a simulated
+        node's `moduleId`); NOT_SUPPORTED without one, as on GPUs that are not on an NVSwitch board."""
+        self._count("nvmlDeviceGetModuleId")
+        value = self._h(handle).device.attributes.get("module_id", "")
+        if not value.isdigit():
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(value)
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         self._count("nvmlDeviceGetMinorNumber")
