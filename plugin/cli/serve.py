@@ -67,6 +67,23 @@ def dra_factory(settings: Settings) -> DraFactory:
     return make
 
 
+def nrt_factory(settings: Settings) -> Callable[[], Any] | None:
+    """With --nrt: the NodeResourceTopology publisher's factory (plugin/nrt/), for the node NODE_NAME names."""
+    v = settings.values
+    if not v.get("nrt"):
+        return None
+    node = os.environ.get("NODE_NAME", "")
+    if not node:
+        raise InputError(f"{option_source(settings, 'nrt')}: publishing the NodeResourceTopology needs the node's name "
+                         "in NODE_NAME (fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; the "
+                         "chart does)")
+    from ..nrt.side import NrtOptions, make_nrt_side  # noqa: PLC0415 (lightkube only with --nrt)
+
+    nrt_options = NrtOptions(node_name=node, pod_resources_socket=socket_path(v["kubelet_root_dir"]),
+                             kubelet_config=v["kubelet_config"])
+    return lambda: make_nrt_side(nrt_options)
+
+
 def toolkit_dirs(settings: Settings) -> tuple[str, ...]:
     """`--toolkit-cdi-dirs`, or the CDI spec directories runtimes read by default."""
     from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS  # noqa: PLC0415 (serve imports the DRA side lazily, as above)
@@ -145,6 +162,7 @@ def serve(settings: Settings) -> None:
         options,
         reload_resources=resource_reloader(settings),
         dra_factory=dra_factory(settings) if options.dra_resources else None,
+        nrt_factory=nrt_factory(settings),
     )
     try:
         code = asyncio.run(daemon.run())
