@@ -68,6 +68,13 @@ class LightkubeNrtApi:
             raise
         return dict(found.to_dict())
 
+    async def list(self) -> list[dict[str, Any]]:
+        """Every node's object (`explain --cluster`)."""
+        async def collect() -> list[dict[str, Any]]:
+            return [dict(o.to_dict()) async for o in self.api.client.list(NodeResourceTopology)]
+
+        return await _call(collect())
+
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         return dict((await _call(self.api.client.create(NodeResourceTopology.from_dict(obj)))).to_dict())
 

@@ -45,6 +45,7 @@ class NrtApiStandIn:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_get("/api/v1/nodes/{name}", self._get_node)
+        app.router.add_get(NRT, self._list)
         app.router.add_get(NRT + "/{name}", self._get)
         app.router.add_post(NRT, self._create)
         app.router.add_put(NRT + "/{name}", self._replace)
@@ -83,6 +84,10 @@ class NrtApiStandIn:
     async def _get_node(self, request: web.Request) -> web.Response:
         node = self.nodes.get(request.match_info["name"])
         return _json(node) if node else _status(404, "NotFound", "node not found")
+
+    async def _list(self, request: web.Request) -> web.Response:
+        return _json({"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopologyList",
+                      "metadata": {"resourceVersion": str(next(self._rv))}, "items": list(self.objects.values())})
 
     async def _get(self, request: web.Request) -> web.Response:
         obj = self.objects.get(request.match_info["name"])
