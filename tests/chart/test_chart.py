@@ -1097,7 +1097,8 @@ def test_own_node_policy_binds_the_daemons_token_to_its_node(helm, tmp_path, val
     policy = r.get("ValidatingAdmissionPolicy")
     binding = r.get("ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
-    sa = r.get("ServiceAccount")["metadata"]["name"]
+    sa = f"{RELEASE}-topo-device-plugin"  # the daemon's account (nrt.enabled adds the uninstall hook's own)
+    assert sa in _by_name(r, "ServiceAccount")
     assert policy["spec"]["matchConditions"] == [
         {"name": "our-daemon", "expression": f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{sa}"'}]
     assert policy["spec"]["failurePolicy"] == "Fail"
@@ -1112,3 +1113,16 @@ def test_own_node_policy_can_be_turned_off_and_is_absent_without_api_access(helm
     assert not any(o["kind"].startswith("ValidatingAdmissionPolicy") for o in default.objects)
     r = render(helm, tmp_path, {**NRT, "nodeRestriction": {"enabled": False}})
     assert not any(o["kind"].startswith("ValidatingAdmissionPolicy") for o in r.objects)
+
+
+def test_nrt_uninstall_runs_a_post_delete_cleanup_with_only_list_and_delete(helm, tmp_path):
+    """The stopping daemons lose their account with the release; the hook Job deletes our objects after."""
+    r = render(helm, tmp_path, NRT)
+    job = r.get("Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-delete"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "plugin.nrt.cleanup"]
+    role = _by_name(r, "ClusterRole")[f"{RELEASE}-topo-device-plugin-nrt-cleanup"]
+    assert role["rules"] == [{"apiGroups": ["topology.node.k8s.io"], "resources": ["noderesourcetopologies"],
+                              "verbs": ["list", "delete"]}]
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == f"{RELEASE}-topo-device-plugin-nrt-cleanup"

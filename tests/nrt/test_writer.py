@@ -123,3 +123,19 @@ async def test_someone_else_changed_it_meanwhile_a_conflict_is_read_again_and_wr
         writer.want(states()[3])
         await until(lambda: nrt_server.objects[NODE]["zones"] == states()[3]["zones"], "written after a 409")
     await writer.stop()
+
+
+async def test_the_uninstall_cleanup_deletes_our_objects_only(nrt_server, connect):
+    from plugin.nrt.cleanup import delete_ours
+
+    writer = NrtWriter(NODE, connect)
+    writer.want(states()[0])
+    async with running(writer):
+        await until(lambda: NODE in nrt_server.objects, "created")
+    nrt_server.put_foreign("nfd-node", "nfd-topology-updater")
+    api = await connect()
+    try:
+        assert await delete_ours(api) == [NODE]
+    finally:
+        await api.close()
+    assert set(nrt_server.objects) == {"nfd-node"}
