@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from cluster import API, NODE, Cluster
-from sandbox import wait_for
+from sandbox import NODE_IP, wait_for
 from workloads import NAMESPACE, RELEASE
 
 NRT = "noderesourcetopologies.topology.node.k8s.io"
@@ -21,8 +21,12 @@ OTHER = "topo-other-node"
 
 
 def nrt_values(c: Cluster) -> dict[str, Any]:
-    """Chart values that turn the publisher on (the kubelet's config file of this cluster) and the Node label."""
-    return {"nrt": {"enabled": True, "kubeletConfig": str(c.w / "kubelet.yaml")}, "fabricLabels": {"node": True}}
+    """Chart values that turn the publisher on (the kubelet's config file of this cluster) and the Node label.
+    No kube-proxy in this cluster: the pods reach the API server at the node's address (in the serving
+    certificate's names) instead of the `kubernetes` Service's, as tests/e2e/dra does."""
+    return {"nrt": {"enabled": True, "kubeletConfig": str(c.w / "kubelet.yaml")}, "fabricLabels": {"node": True},
+            "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                         {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]}
 
 
 def published(c: Cluster) -> dict[str, Any] | None:
