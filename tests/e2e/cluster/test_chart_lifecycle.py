@@ -9,6 +9,7 @@ character devices. The tests run in file order; each asserts one stage of the st
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -218,8 +219,9 @@ def _own_node_policy_checks(c) -> None:
              lambda: "ValidatingAdmissionPolicy" in as_token(c, other, "patch", "node", NODE, "--type=merge",
                                                               "-p", label).stderr, 120)
     refused(as_token(c, other, "patch", "node", NODE, "--type=merge", "-p", label), "another node's label patch")
-    refused(as_token(c, other, "patch", NRT, NODE, "--type=merge", "-p", '{"attributes":[]}'),
-            "another node's NRT patch")
+    # The daemon replaces its object (PUT: RBAC `update`, no `patch`), so the probes replace it as it is.
+    nrt_now = json.dumps(c.get(NRT, NODE))
+    refused(as_token(c, other, "replace", "-f", "-", input=nrt_now), "another node's NRT replace")
     refused(as_token(c, other, "delete", NRT, NODE), "another node's NRT delete")
     refused(as_token(c, other, "create", "-f", "-", input=slice_for(NODE, "e2e-probe-a")), "another node's slice")
     # Bound to this node: its label, its slice, its NRT object (a no-op patch) pass; other labels and taints do not.
@@ -233,7 +235,8 @@ def _own_node_policy_checks(c) -> None:
     created = as_token(c, own, "create", "-f", "-", input=slice_for(NODE, "e2e-probe-b"))
     assert created.returncode == 0, created.stderr
     assert as_token(c, own, "delete", "resourceslice", "e2e-probe-b").returncode == 0
-    assert as_token(c, own, "patch", NRT, NODE, "--type=merge", "-p", "{}").returncode == 0
+    replaced = as_token(c, own, "replace", "-f", "-", input=json.dumps(c.get(NRT, NODE)))
+    assert replaced.returncode == 0, replaced.stderr
     assert "x.io/y" not in c.node()["metadata"].get("labels", {})
 
 
