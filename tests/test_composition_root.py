@@ -49,6 +49,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("plugin/dra/kubelet/prepare.py", "GpuSharing"):
         "ClaimPreparer's default when built without a driver (its unit tests); the driver always passes the root's",
     ("plugin/dra/kubelet/prepare.py", "SimulatedTimeSlice"): "as above: the default's backend",
+    ("plugin/nrt/side.py", "HeldSource"):
+        "the NRT side's own pod-resources reader, made from the socket in its options (the root builds the side "
+        "itself; tests pass a counting reader instead)",
 }
 
 

@@ -77,6 +77,17 @@ def _parse_requests(values: Sequence[str], resources: Sequence[Resource], flag: 
     return out
 
 
+def _parse_cluster_requests(values: Sequence[str]) -> dict[str, int]:
+    """RESOURCE=N for --cluster: any extended resource name (the nodes say which they have)."""
+    out: dict[str, int] = {}
+    for value in values:
+        name, sep, count = value.partition("=")
+        if not sep or not count.isdigit() or "/" not in name:
+            raise click.UsageError(f"--request {value!r}: expected RESOURCE=N, e.g. nvidia.com/gpu=4")
+        out[name] = int(count)
+    return out
+
+
 def _parse_options(values: Sequence[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for value in values:
@@ -332,12 +343,17 @@ def _case_text(a: dict[str, Any]) -> str:
     "--request nvidia.com/gpu=4 --allocated 0,1,4,5",
 ))
 @with_settings("explain")
-@option("--policy", "tm_policy", type=click.Choice(POLICIES), required=True,
-        help="The kubelet's --topology-manager-policy.")
+@option("--policy", "tm_policy", type=click.Choice(POLICIES),
+        help="The kubelet's --topology-manager-policy (required without --cluster).")
 @option("--scope", "tm_scope", type=click.Choice(SCOPES), default="container",
         help="The kubelet's --topology-manager-scope.")
-@option("--request", "requests", multiple=True, metavar="RESOURCE=N", required=True,
-        help="Limit of the pod's container, e.g. nvidia.com/gpu=4 (repeat for more resources).")
+@option("--request", "requests", multiple=True, metavar="RESOURCE=N",
+        help="Limit of the pod's container, e.g. nvidia.com/gpu=4 (repeat for more resources; or --pod).")
+@option("--cluster", "cluster", metavar="KUBECONFIG",
+        help="Judge every node of this cluster from its published NodeResourceTopology (serve --nrt) instead "
+             "of this node: which would admit the pod aligned under its own policy (docs/scheduling.md).")
+@option("--pod", "pod_file", metavar="FILE",
+        help="With --cluster: the pod (a Pod, pod spec or workload YAML) whose containers' limits are judged.")
 @option("--init-request", "init_requests", multiple=True, metavar="RESOURCE=N",
         help="Give the pod one init container with these limits (its devices are then reused).")
 @option("--allocated", "allocated", multiple=True, metavar="IDS",
@@ -353,9 +369,27 @@ def _case_text(a: dict[str, Any]) -> str:
 @option("--fail-on-reject", is_flag=True, help="Exit 1 when the pod would be rejected.")
 def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[str, ...],
             init_requests: tuple[str, ...], allocated: tuple[str, ...], policy_options: tuple[str, ...],
-            with_opt: tuple[str, ...], fmt: str, fail_on_reject: bool) -> None:
+            with_opt: tuple[str, ...], fmt: str, fail_on_reject: bool, cluster: str | None = None,
+            pod_file: str | None = None) -> None:
     """The kubelet Topology Manager's view of a pod: each provider's hints, the merged
     hint, admit or reject, then the devices the kubelet would end up with."""
+    if cluster:
+        from .explain_cluster import explain_cluster, read_pod  # noqa: PLC0415 (lightkube only with --cluster)
+
+        if pod_file and requests:
+            raise click.UsageError("give the pod with --pod FILE or --request RESOURCE=N, not both")
+        if not pod_file and not requests:
+            raise click.UsageError("--cluster needs the pod: --pod FILE or --request RESOURCE=N")
+        pod = read_pod(pod_file) if pod_file else Pod.single(_parse_cluster_requests(requests))
+        explain_cluster(cluster, pod, fmt, fail_on_reject)
+        return
+    if pod_file:
+        raise click.UsageError("--pod is read with --cluster only (fix: --request RESOURCE=N for this node)")
+    if not tm_policy:
+        raise click.UsageError("Missing option '--policy' (the kubelet's Topology Manager policy; not needed "
+                               "with --cluster)")
+    if not requests:
+        raise click.UsageError("Missing option '--request'")
     topology, resources = load_resources(settings)
     limits = _parse_requests(requests, resources, "--request")
     init_limits = _parse_requests(init_requests, resources, "--init-request")

@@ -17,7 +17,7 @@ from ..allocation.pod_resources import socket_path
 from ..errors import InputError
 from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS
 from ..model.resources import ResourceOptions
-from ..runtime.compose.settings import DraSettings, Mode, ServeSettings, SourceSettings
+from ..runtime.compose.settings import DraSettings, Mode, NrtSettings, ServeSettings, SourceSettings
 from ..runtime.compose.source import build_source
 from ..sources.base import TopologySource
 from .options import Settings, check_simulate, nic_pools, option_source, resource_options, resource_reloader
@@ -135,7 +135,21 @@ def serve_settings(settings: Settings) -> ServeSettings:
         metrics_address=v["metrics_address"], config_path=settings.config.path, cdi_spec_dir=v["cdi_spec_dir"],
         pod_resources_socket=socket_path(v["kubelet_root_dir"]) if v["pod_resources"] else None,
         mps_control_binary=v["mps_control_binary"],
-        dra=dra_settings(settings) if mode != "device-plugin" else None)
+        dra=dra_settings(settings) if mode != "device-plugin" else None, nrt=nrt_settings(settings))
+
+
+def nrt_settings(settings: Settings) -> NrtSettings | None:
+    """With --nrt: the publisher's settings, for the node NODE_NAME names (the chart sets it)."""
+    v = settings.values
+    if not v.get("nrt"):
+        return None
+    node = os.environ.get("NODE_NAME", "")
+    if not node:
+        raise InputError(f"{option_source(settings, 'nrt')}: publishing the NodeResourceTopology needs the node's name "
+                         "in NODE_NAME (fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; the "
+                         "chart does)")
+    return NrtSettings(node_name=node, pod_resources_socket=socket_path(v["kubelet_root_dir"]),
+                       kubelet_config=v["kubelet_config"])
 
 
 def make_source(settings: Settings) -> TopologySource:

@@ -334,6 +334,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("pod_resources", "Check pairing partners against the kubelet's pod-resources API (List on "
            "<kubelet-root-dir>/pod-resources/kubelet.sock); quietly off while the socket is missing.",
            kind="bool", default=False, commands=SERVE, target=S),
+    Option("nrt", "Publish this node's NodeResourceTopology object (topology.node.k8s.io/v1alpha2: a zone per NUMA "
+           "node with every device-plugin resource's capacity, allocatable and available, NUMA distances, the "
+           "Topology Manager policy and scope, free GPU-NIC pairs per zone) for a topology-aware scheduler, kept "
+           "current from pod-resources (polled every second) and coalesced to at most one write a second; deleted "
+           "at shutdown; never written when another manager (NFD's topology-updater) owns it (docs/scheduling.md). "
+           "Needs NODE_NAME and RBAC on noderesourcetopologies (chart: nrt.enabled).", kind="bool", default=False,
+           commands=SERVE, chart_managed=True, target=S),
+    Option("kubelet_config", "The kubelet's config file, read with --nrt for topologyManagerPolicy and "
+           "topologyManagerScope (absent fields: the kubelet's defaults none and container; unreadable: both "
+           "left out of the object, a warning says why).", kind="path", default="/var/lib/kubelet/config.yaml",
+           commands=SERVE, chart_managed=True, target=S),
     Option("nccl_env", "Tell NCCL which NICs are the container's: NCCL_IB_HCA (RDMA devices) and NCCL_SOCKET_IFNAME "
            "(netdevs without RDMA) listing its NICs, each GPU's paired NIC first, in Allocate answers and DRA claims' "
            "CDI specs (the DRA driver reads it at start; docs/networking.md).", kind="bool", default=False, target=R),

@@ -50,7 +50,7 @@ from ..serving.socket_file import prune_stale_bind_dirs
 from ..sources.base import TopologySource
 from ..watch.filewatch import watch_file
 from .changes import Change, ConfigReload, LiveChanges, TopologyUpdate
-from .options import DaemonOptions, DraFactory, DraSide
+from .options import DaemonOptions, DraFactory, DraSide, NrtFactory, NrtHook
 from .signals import LoopSignals
 from .supervisor import Supervisor
 
@@ -77,6 +77,7 @@ class Daemon:
         reload_resources: Callable[[], ResourceOptions] | None = None,
         clock: Callable[[], float] = time.monotonic,  # the pairing window's clock (tests drive it)
         dra_factory: DraFactory | None = None,
+        nrt_factory: NrtFactory | None = None,
     ):
         self.source = source
         self.options = options
@@ -120,6 +121,9 @@ class Daemon:
         #: before their replicas are gated on their daemon's health (`plugin.mps.specs.gated`).
         self.mps: MpsSupervisor | None = None
         self._mps_resources: dict[str, Resource] = {}
+        #: The NodeResourceTopology publisher (`--nrt`, plugin/nrt/), when configured; fed every resource build.
+        self.nrt_factory = nrt_factory
+        self.nrt: NrtHook | None = None
 
     @property
     def kubelet_socket(self) -> str:
@@ -211,6 +215,10 @@ class Daemon:
         await asyncio.to_thread(self.cdi.sync, resources)  # specs before any device is advertised
         if self.resource_options.dra_resources:
             await self._start_dra(dra_resources)
+        if self.nrt_factory is not None:  # optional part: the NodeResourceTopology publisher
+            assert self.topology is not None
+            self.nrt = self.nrt_factory()
+            await self.nrt.start(self.topology, resources)
         self._dir_claim = claim_plugin_dir(self.options.plugin_dir)
         self._warn_if_world_writable()
         stale = prune_stale_bind_dirs(self.options.plugin_dir)
@@ -238,6 +246,8 @@ class Daemon:
             steps.append(("MPS control daemons", self.mps.stop))
         if self.dra is not None:
             steps.append(("DRA driver", self.dra.stop))
+        if self.nrt is not None:
+            steps.append(("NodeResourceTopology", self.nrt.stop))
         steps.append(("CDI specs", lambda: asyncio.to_thread(self.cdi.remove_all)))
         for what, step in steps:
             try:
@@ -372,6 +382,8 @@ class Daemon:
         if self.dra is not None:
             self.dra_devices.set(dra_resources)
             self.dra.update(topology)
+        if self.nrt is not None:
+            self.nrt.update(topology, resources)
         await asyncio.to_thread(self.cdi.sync, resources, False)
         wanted = {r.name: r for r in resources}
         # Before the servers see the new resources, so no request meets IDs the index lacks. In a thread:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from allocator import NodeTopology
 from allocator.topology import Device
@@ -65,3 +65,18 @@ class DraSide(Protocol):
 #: Makes the DRA driver for the devices `include` accepts (those of the DRA resources, see
 #: `plugin.model.serving_modes`); raises `TopoDevicePluginError`s when it cannot (no API access...).
 DraFactory = Callable[[Callable[[Device], bool]], Awaitable[DraSide]]
+
+
+class NrtHook(Protocol):
+    """The NodeResourceTopology publisher as the daemon drives it (`plugin.nrt.side.NrtSide`): started with the
+    first resources, told every new build (health, hot-plug, reload), stopped at shutdown (it deletes its object)."""
+
+    async def start(self, topology: NodeTopology, resources: Iterable[Any]) -> None: ...
+
+    def update(self, topology: NodeTopology, resources: Iterable[Any]) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+#: Makes the publisher (`plugin.nrt.side.make_nrt_side`); called once, at start-up.
+NrtFactory = Callable[[], NrtHook]

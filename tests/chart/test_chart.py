@@ -181,6 +181,7 @@ DRA_NETDEV_ATTACH = {"dra": {"resources": ["nvidia.com/gpu", "topo.dev/nic"], "n
 
 FABRIC_LABELS_NODE = {"fabricLabels": {"node": True}}
 FABRIC_LABELS_NFD = {"fabricLabels": {"nfdFile": True}}
+NRT = {"nrt": {"enabled": True, "kubeletConfig": "/etc/kubernetes/kubelet.yaml"}}
 
 VALUE_SETS = {
     "default": {},
@@ -188,6 +189,7 @@ VALUE_SETS = {
     "dra-netdev-attach": DRA_NETDEV_ATTACH,
     "fabric-labels-node": FABRIC_LABELS_NODE,
     "fabric-labels-nfd": FABRIC_LABELS_NFD,
+    "nrt": NRT,
     "sharing-cdi": SHARING_CDI,
     "nic-pools": NIC_POOLS,
     "custom-kubelet-root": CUSTOM_KUBELET,
@@ -197,7 +199,8 @@ VALUE_SETS = {
 }
 
 
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "CustomResourceDefinition",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
 # ---- lint and strict decode of every value set ------------------------------------------------
@@ -444,7 +447,8 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     chart = json.loads((CHART / "values.schema.json").read_text())
     chart_config = chart["properties"]["config"]["properties"]
     chart_managed = {"kubeletRootDir", "devicePluginPath", "simulate", "metricsAddress", "cdiSpecDir", "draResources",
-                     "fabricLabelsFile", "fabricLabelsNode", "netdevAttach", "nriSocket", "draToolkitCdi"}
+                     "fabricLabelsFile", "fabricLabelsNode", "netdevAttach", "nriSocket", "draToolkitCdi",
+                     "nrt", "kubeletConfig"}
     # NVIDIA's own keys are for NVIDIA config files brought along unchanged, not for chart values.
     nvidia_only = set(json.loads(_daemon_python(
         "import json; from plugin.config.nvidia import FLAG_PROPERTIES as F; print(json.dumps(list(F)))").stdout))
@@ -817,7 +821,8 @@ def _by_name(r: Rendered, kind: str) -> dict[str, dict[str, Any]]:
 def test_dra_objects(dra):
     assert dra.kinds() == sorted(["ConfigMap", "DaemonSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                                   "DeviceClass", "DeviceClass", "ResourceClaimTemplate", "ResourceClaimTemplate",
-                                  "ResourceClaimTemplate"])
+                                  "ResourceClaimTemplate", "ValidatingAdmissionPolicy",
+                                  "ValidatingAdmissionPolicyBinding"])
     assert set(_by_name(dra, "DeviceClass")) == {"gpu.topo.dev", "nic.topo.dev"}
     assert set(_by_name(dra, "ResourceClaimTemplate")) == {"one-gpu", "two-gpu-nic-pairs", "four-gpu-nvlink"}
 
@@ -1075,3 +1080,95 @@ def test_mps_root_is_mounted_at_the_hosts_path_when_set(helm, tmp_path):
         {"name": "nvidia.com/gpu", "replicas": 4}]}}}})  # NVIDIA's config: the daemon's default root
     assert {v["name"]: v["hostPath"] for v in mps.pod_spec["volumes"] if "hostPath" in v}["mps-root"] == {
         "path": "/run/nvidia/mps", "type": "DirectoryOrCreate"}
+
+
+# ---- nrt.enabled: the NodeResourceTopology publisher, and the own-node admission policy --------------------------
+
+
+def test_nrt_off_by_default(default):
+    assert "--nrt" not in default.container["args"]
+    assert not any(o["kind"] in ("CustomResourceDefinition", "ValidatingAdmissionPolicy") for o in default.objects)
+
+
+def test_nrt_gets_its_option_a_token_the_kubelet_config_and_pod_resources_read_only(helm, tmp_path):
+    r = render(helm, tmp_path, NRT)
+    assert "--nrt" in r.container["args"]
+    assert "--kubelet-config=/etc/kubernetes/kubelet.yaml" in r.container["args"]
+    assert r.pod_spec["automountServiceAccountToken"] is True
+    volumes = {v["name"]: v for v in r.pod_spec["volumes"]}
+    mounts = {m["name"]: m for m in r.container["volumeMounts"]}
+    assert volumes["kubelet-config"]["hostPath"] == {"path": "/etc/kubernetes/kubelet.yaml", "type": "File"}
+    assert mounts["kubelet-config"] == {"name": "kubelet-config", "mountPath": "/etc/kubernetes/kubelet.yaml",
+                                        "readOnly": True}
+    assert mounts["pod-resources"]["readOnly"] is True
+    assert volumes["pod-resources"]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+
+
+def test_nrt_rbac_is_what_the_publisher_calls(helm, tmp_path):
+    r = render(helm, tmp_path, NRT)
+    role = _by_name(r, "ClusterRole")[f"{RELEASE}-topo-device-plugin-nrt"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+                             {"apiGroups": ["topology.node.k8s.io"], "resources": ["noderesourcetopologies"],
+                              "verbs": ["get", "create", "update", "delete"]}]
+
+
+def test_nrt_crd_is_kept_on_uninstall_and_matches_what_the_publisher_writes(helm, tmp_path):
+    """The CRD the chart installs accepts the object the builder makes (its schema, checked with jsonschema)."""
+    import jsonschema
+
+    from plugin.model.resources import ResourceOptions, build_resources
+    from plugin.nrt.build import TopologyManagerSettings, build_nrt, published_resources
+    from plugin.sources.simulated import load_simulated
+
+    crd = render(helm, tmp_path, NRT).get("CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "noderesourcetopologies.topology.node.k8s.io"
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crd["spec"]["scope"] == "Cluster"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha2" and version["storage"] is True
+    topology = load_simulated("dgx-h100")
+    obj = build_nrt("n1", topology, published_resources(build_resources(topology, ResourceOptions())), (),
+                    TopologyManagerSettings("single-numa-node", "container"))
+    jsonschema.validate(obj, version["schema"]["openAPIV3Schema"])
+
+
+def test_nrt_crd_can_be_left_to_another_installer(helm, tmp_path):
+    r = render(helm, tmp_path, {"nrt": {"enabled": True, "installCRD": False}})
+    assert not any(o["kind"] == "CustomResourceDefinition" for o in r.objects)
+
+
+@pytest.mark.parametrize("values", [NRT, FABRIC_LABELS_NODE, DRA], ids=["nrt", "fabric-labels-node", "dra"])
+def test_own_node_policy_binds_the_daemons_token_to_its_node(helm, tmp_path, values):
+    r = render(helm, tmp_path, values)
+    policy = r.get("ValidatingAdmissionPolicy")
+    binding = r.get("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    sa = f"{RELEASE}-topo-device-plugin"  # the daemon's account (nrt.enabled adds the uninstall hook's own)
+    assert sa in _by_name(r, "ServiceAccount")
+    assert policy["spec"]["matchConditions"] == [
+        {"name": "our-daemon", "expression": f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{sa}"'}]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    rules = {rule["resources"][0]: rule for rule in policy["spec"]["matchConstraints"]["resourceRules"]}
+    assert set(rules) == {"resourceslices", "noderesourcetopologies", "nodes"}
+    assert rules["nodes"]["operations"] == ["UPDATE"]
+    text = json.dumps(policy["spec"])
+    assert "authentication.kubernetes.io/node-name" in text and "nvidia.com/gpu.clique" in text
+
+
+def test_own_node_policy_can_be_turned_off_and_is_absent_without_api_access(helm, tmp_path, default):
+    assert not any(o["kind"].startswith("ValidatingAdmissionPolicy") for o in default.objects)
+    r = render(helm, tmp_path, {**NRT, "nodeRestriction": {"enabled": False}})
+    assert not any(o["kind"].startswith("ValidatingAdmissionPolicy") for o in r.objects)
+
+
+def test_nrt_uninstall_runs_a_post_delete_cleanup_with_only_list_and_delete(helm, tmp_path):
+    """The stopping daemons lose their account with the release; the hook Job deletes our objects after."""
+    r = render(helm, tmp_path, NRT)
+    job = r.get("Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-delete"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "plugin.nrt.cleanup"]
+    role = _by_name(r, "ClusterRole")[f"{RELEASE}-topo-device-plugin-nrt-cleanup"]
+    assert role["rules"] == [{"apiGroups": ["topology.node.k8s.io"], "resources": ["noderesourcetopologies"],
+                              "verbs": ["list", "delete"]}]
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == f"{RELEASE}-topo-device-plugin-nrt-cleanup"

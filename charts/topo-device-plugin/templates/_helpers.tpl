@@ -177,9 +177,10 @@ socket and the pod namespaces, and RBAC on resourceclaims/status. */}}
 {{- end }}
 {{- end }}
 
-{{/* "true" when the daemon calls the API server: the DRA driver, or the Node label (fabricLabels.node). */}}
+{{/* "true" when the daemon calls the API server: the DRA driver, the Node label (fabricLabels.node), or the
+NodeResourceTopology (nrt.enabled). */}}
 {{- define "topo-device-plugin.apiAccess" -}}
-{{- if or (include "topo-device-plugin.draEnabled" .) .Values.fabricLabels.node }}true{{ end }}
+{{- if or (include "topo-device-plugin.draEnabled" .) .Values.fabricLabels.node .Values.nrt.enabled }}true{{ end }}
 {{- end }}
 
 {{/* The NFD feature file the daemon keeps the clique label in (fabricLabels.nfdFile). */}}

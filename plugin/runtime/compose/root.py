@@ -11,7 +11,9 @@ What each mode builds (docs/architecture.md, "Composition"):
 - DRA: the same source and daemon, with a DRA factory the daemon calls once it
   knows the DRA resources' devices: API client, MIG backend, sharing backend,
   slice publisher, NIC side (pod network, NRI), the driver;
-- both: as DRA; the daemon splits the resources between its servers and the driver.
+- both: as DRA; the daemon splits the resources between its servers and the driver;
+- any mode with `--nrt`: the NodeResourceTopology publisher (plugin/nrt/), which
+  the daemon starts with its optional parts and feeds every resource build.
 
 `demo` has its own small function (`compose_demo`): the device-plugin mode in a
 temporary directory, against the kubelet stand-in.
@@ -23,9 +25,9 @@ from collections.abc import Callable
 
 from ...model.resources import ResourceOptions
 from ..daemon import Daemon
-from ..options import DaemonOptions, DraFactory
+from ..options import DaemonOptions, DraFactory, NrtFactory, NrtHook
 from .dra import dra_factory
-from .settings import Mode, ServeSettings, SourceSettings
+from .settings import Mode, NrtSettings, ServeSettings, SourceSettings
 from .source import build_source
 
 
@@ -38,7 +40,20 @@ def _daemon(s: ServeSettings, dra: DraFactory | None) -> Daemon:
         s.resources,
         reload_resources=s.reload_resources,
         dra_factory=dra,
+        nrt_factory=nrt_factory(s.nrt) if s.nrt is not None else None,
     )
+
+
+def nrt_factory(s: NrtSettings) -> NrtFactory:
+    """The NodeResourceTopology publisher (plugin/nrt/), made when the daemon starts its optional parts."""
+
+    def make() -> NrtHook:
+        from ...nrt.side import NrtOptions, make_nrt_side  # noqa: PLC0415 (lightkube only with --nrt)
+
+        return make_nrt_side(NrtOptions(node_name=s.node_name, pod_resources_socket=s.pod_resources_socket,
+                                        kubelet_config=s.kubelet_config))
+
+    return make
 
 
 def compose_device_plugin(s: ServeSettings) -> Daemon:

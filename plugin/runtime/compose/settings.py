@@ -84,6 +84,18 @@ class DraSettings:
 
 
 @dataclass(frozen=True)
+class NrtSettings:
+    """The NodeResourceTopology publisher's settings (`--nrt`, plugin/nrt/)."""
+
+    #: NODE_NAME: the object is this node's (and owned by its Node).
+    node_name: str
+    #: The kubelet's pod-resources socket: what is held, for `available`.
+    pod_resources_socket: str
+    #: `--kubelet-config`: the Topology Manager policy and scope published as attributes.
+    kubelet_config: str
+
+
+@dataclass(frozen=True)
 class ServeSettings:
     """Everything `serve` builds its daemon from."""
 
@@ -101,3 +113,5 @@ class ServeSettings:
     mps_control_binary: str
     #: None in device-plugin mode.
     dra: DraSettings | None = None
+    #: None without `--nrt`.
+    nrt: NrtSettings | None = None

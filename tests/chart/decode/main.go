@@ -3,7 +3,8 @@
 //	helm template ... | chart-decode            # or: chart-decode FILE...
 //
 // Every YAML document must be an object of a kind this program knows (core/v1, apps/v1,
-// rbac/v1, policy/v1, scheduling/v1, networking/v1, batch/v1, resource.k8s.io/v1, and the Prometheus
+// rbac/v1, policy/v1, scheduling/v1, networking/v1, batch/v1, resource.k8s.io/v1, admissionregistration/v1,
+// apiextensions/v1 (CustomResourceDefinition), and the Prometheus
 // operator's monitoring.coreos.com/v1). Each one is decoded the way the API server
 // decodes a strict request:
 //
@@ -32,7 +33,9 @@ import (
 	"regexp"
 	"strings"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -67,7 +70,7 @@ func newScheme() *runtime.Scheme {
 	for _, add := range []func(*runtime.Scheme) error{
 		corev1.AddToScheme, appsv1.AddToScheme, rbacv1.AddToScheme, policyv1.AddToScheme,
 		schedulingv1.AddToScheme, networkingv1.AddToScheme, batchv1.AddToScheme, resourcev1.AddToScheme,
-		monitoringv1.AddToScheme,
+		monitoringv1.AddToScheme, admissionregistrationv1.AddToScheme, apiextensionsv1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			panic(err)
