@@ -38,16 +38,21 @@ def source_settings(settings: Settings) -> SourceSettings:
         label_node=_label_node(settings))
 
 
+def node_name(settings: Settings, dest: str, needs: str) -> str:
+    """This node's name from NODE_NAME (the chart sets it from the downward API), which the part `dest` turns
+    on `needs` (the error's words: what needs the name)."""
+    node = os.environ.get("NODE_NAME", "")
+    if not node:
+        raise InputError(f"{option_source(settings, dest)}: {needs} in NODE_NAME (fix: set env NODE_NAME from the "
+                         "downward API, fieldRef spec.nodeName; the chart does)")
+    return node
+
+
 def _label_node(settings: Settings) -> str | None:
     """With --fabric-labels-node: this node's name, from NODE_NAME (the chart sets it)."""
     if not settings.values.get("fabric_labels_node"):
         return None
-    node = os.environ.get("NODE_NAME", "")
-    if not node:
-        raise InputError(f"{option_source(settings, 'fabric_labels_node')}: labelling the Node needs its name in "
-                         "NODE_NAME (fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; "
-                         "the chart does)")
-    return node
+    return node_name(settings, "fabric_labels_node", "labelling the Node needs its name")
 
 
 def dra_settings(settings: Settings) -> DraSettings:
@@ -58,10 +63,7 @@ def dra_settings(settings: Settings) -> DraSettings:
     if not is_ifname(v["pod_primary_interface"]):
         raise InputError(f"{option_source(settings, 'pod_primary_interface')}: {v['pod_primary_interface']!r} is not "
                          "a Linux interface name (fix: 1 to 15 of A-Z a-z 0-9 _ . -, not starting with '.', e.g. eth0)")
-    node = os.environ.get("NODE_NAME", "")
-    if not node:
-        raise InputError(f"{option_source(settings, 'dra_resources')}: DRA mode needs the node's name in NODE_NAME "
-                         "(fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; the chart does)")
+    node = node_name(settings, "dra_resources", "DRA mode needs the node's name")
     gpus_text = list(v.get("dra_mig_gpus") or [])
     bad = [g for g in gpus_text if not str(g).isdigit()]
     if bad:
@@ -143,11 +145,7 @@ def nrt_settings(settings: Settings) -> NrtSettings | None:
     v = settings.values
     if not v.get("nrt"):
         return None
-    node = os.environ.get("NODE_NAME", "")
-    if not node:
-        raise InputError(f"{option_source(settings, 'nrt')}: publishing the NodeResourceTopology needs the node's name "
-                         "in NODE_NAME (fix: set env NODE_NAME from the downward API, fieldRef spec.nodeName; the "
-                         "chart does)")
+    node = node_name(settings, "nrt", "publishing the NodeResourceTopology needs the node's name")
     return NrtSettings(node_name=node, pod_resources_socket=socket_path(v["kubelet_root_dir"]),
                        kubelet_config=v["kubelet_config"])
 
