@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests" / "dra"))
 from apiserver_standin import write_kubeconfig
 from nrt_standin import NrtApiStandIn
 
-from plugin.dra.kubeapi import kubeconfig_api
+from plugin.kube.client import kubeconfig_api
 from plugin.model.resources import ResourceOptions, build_resources
 from plugin.nrt.api import LightkubeNrtApi
 from plugin.nrt.build import TopologyManagerSettings, build_nrt, published_resources

@@ -32,7 +32,7 @@ def read_pod(path: str) -> Any:
 
 
 async def _objects(kubeconfig: str) -> list[dict[str, Any]]:
-    from ..dra.kubeapi import KubeApiError, KubeApiUnreachable, KubeConfigError, kubeconfig_api  # noqa: PLC0415 (lightkube only with --cluster)
+    from ..kube.client import KubeApiError, KubeApiUnreachable, KubeConfigError, kubeconfig_api  # noqa: PLC0415 (lightkube only with --cluster)
     from ..nrt.api import LightkubeNrtApi  # noqa: PLC0415 (as above)
 
     try:

@@ -1,4 +1,4 @@
-"""The NodeResourceTopology calls, through the DRA driver's API client (`plugin.dra.kubeapi`).
+"""The NodeResourceTopology calls, through the one Kubernetes API client (`plugin.kube.client`).
 
 Why a module of its own: the object is a custom resource (lightkube has no
 model for it; a generic resource of `topology.node.k8s.io/v1alpha2`), and the
@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 import httpx2
 from lightkube.generic_resource import create_global_resource
 
-from ..dra.kubeapi import KubeApi, KubeApiError, KubeApiUnreachable, in_cluster_api, kubeconfig_api
+from ..kube.client import KubeApi, KubeApiError, KubeApiUnreachable, in_cluster_api, kubeconfig_api
 from .build import API_VERSION, KIND
 
 T = TypeVar("T")
@@ -38,7 +38,7 @@ class NrtApi(Protocol):
 
 
 async def _call(request: Awaitable[T]) -> T:
-    """The answer, or `KubeApiError` / `KubeApiUnreachable` as `plugin.dra.kubeapi` raises them."""
+    """The answer, or `KubeApiError` / `KubeApiUnreachable` as `plugin.kube.client` raises them."""
     try:
         return await request
     except httpx2.HTTPStatusError as e:

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 async def delete_ours(api: NrtApi) -> list[str]:
     """Delete our objects; the names deleted. A missing CRD (404) is nothing to delete."""
-    from ..dra.kubeapi import KubeApiError  # noqa: PLC0415 (lightkube only when run)
+    from ..kube.client import KubeApiError  # noqa: PLC0415 (lightkube only when run)
 
     try:
         objects = await api.list()

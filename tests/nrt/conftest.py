@@ -27,7 +27,7 @@ async def nrt_server():
 @pytest.fixture
 def connect(nrt_server, tmp_path):
     """The publisher's real client (lightkube over HTTP) reaching the stand-in through a kubeconfig."""
-    from plugin.dra.kubeapi import kubeconfig_api
+    from plugin.kube.client import kubeconfig_api
     from plugin.nrt.api import LightkubeNrtApi
 
     path = write_kubeconfig(tmp_path / "kubeconfig", nrt_server.url)
