@@ -369,8 +369,8 @@ class ClaimPreparer:
     def _undo_mig(self, uid: str, error: Exception) -> Exception:
         """A claim that failed after its MIG instances were made gives them back (or says why it could not)."""
         try:
-            self.mig.release(uid)  # type: ignore[union-attr]
-        except Exception as e:  # noqa: BLE001
+            self.mig.release(uid)  # type: ignore[union-attr]  # only called where self.mig is set (see _record)
+        except Exception as e:  # noqa: BLE001 (whatever the MIG backend raises is logged; unprepare retries)
             log.error("MIG instances of a failed prepare not destroyed; unprepare retries", extra={"uid": uid,
                                                                                                   "reason": str(e)})
         return error if not isinstance(error, MigError) else PrepareError(f"MIG: {error}")
