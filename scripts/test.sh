@@ -22,9 +22,14 @@ stage "static checks: ruff, mypy"
 lint=0
 bash scripts/lint.sh || lint=$?
 
+# Three workers (pytest-xdist), one test file per unit of work (module-scoped fixtures such as a cluster per
+# module stay in one process), the long files first (tests/conftest.py): on 2 cores most of the e2e's time is
+# waiting on a kubelet or an API server, which the other workers fill. TOPO_DP_TEST_WORKERS=0 runs in one process.
 stage "tests"
 rc=0
-.venv/bin/python -m pytest "$@" || rc=$?
+workers="${TOPO_DP_TEST_WORKERS:-3}"
+if [ "$workers" = 0 ]; then dist=(); else dist=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
+.venv/bin/python -m pytest "${dist[@]}" "$@" || rc=$?
 if [ "$lint" -ne 0 ]; then
   echo "FAILED: static checks (ruff/mypy): see the \"static checks\" stage above" >&2
   [ "$rc" -ne 0 ] || rc=$lint

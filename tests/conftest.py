@@ -43,3 +43,24 @@ def private_cdi_spec_dir() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="tdp-cdi-") as d, pytest.MonkeyPatch.context() as mp:
         mp.setenv("TOPO_DP_CDI_SPEC_DIR", d)
         yield d
+
+
+#: Directories whose files run longest (a cluster per module, a real kubelet), in that order. Under
+#: pytest-xdist (scripts/test.sh runs `-n` workers with `--dist loadfile`) a file is one unit of work, handed
+#: out in collection order: the long ones go first, so the short unit files fill the workers' tails instead
+#: of one cluster module starting last and running alone.
+LONG_FIRST = ("tests/e2e", "tests/kubelet", "tests/reliability", "tests/daemon")
+
+
+def _weight(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    for i, top in enumerate(LONG_FIRST):
+        if path.startswith(top + "/"):
+            return i
+    return len(LONG_FIRST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "dist", "no") == "no":
+        return  # one process: keep pytest's own order
+    items.sort(key=_weight)  # stable: each file's tests keep their order

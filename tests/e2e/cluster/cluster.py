@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,9 @@ from sandbox import NODE_IP, Gone, Sandbox, wait_for
 NODE = "topo-node"
 API = f"https://{NODE_IP}:6443"
 CHECKPOINT = "device-plugins/kubelet_internal_checkpoint"
+#: Inside every node of a cluster, a directory of that node's own files (its kubelet's configuration, its simulated
+#: topology): one path in a chart's values, each node's own content (a bind mount in the node's mount namespace).
+NODE_FILES = "/var/lib/topo-e2e"
 #: Stop order: every API client before the API server (an API server with connected
 #: clients can take minutes to exit on SIGTERM), the API server before etcd.
 STOP_ORDER = ("kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
@@ -80,14 +84,15 @@ def numa_sysfs(dest: pathlib.Path, nodes: dict[int, list[int]], distances: dict[
                 (d / "hugepages" / size / f).write_text("0\n")
 
 
-def kubelet_config(w: pathlib.Path, pki: PKI, sock: str, tm_policy: str, cpu_policy: str) -> str:
+def kubelet_config(w: pathlib.Path, pki: PKI, sock: str, tm_policy: str, cpu_policy: str,
+                   address: str = NODE_IP) -> str:
     extra = ""
     if cpu_policy == "static":
         # The static policy needs CPUs reserved for the system; CPU 0 it is.
         extra = "reservedSystemCPUs: \"0\"\n"
     return f"""apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: {NODE_IP}
+address: {address}
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -131,6 +136,8 @@ class Cluster:
         self.cpu_policy = "none"
         self.home = workdir / "home"
         self.home.mkdir(parents=True, exist_ok=True)
+        self.files = workdir / "node-files"
+        self.workers: list[WorkerNode] = []
 
     # ---- bring-up ----
     def up(self, numa: dict[int, list[int]], distances: dict[int, list[int]], tm_policy: str,
@@ -138,6 +145,7 @@ class Cluster:
         self.sb.start()
         numa_sysfs(self.w / "numa-sysfs", numa, distances)
         self.sb.sh("mount", "--bind", str(self.w / "numa-sysfs"), "/sys/devices/system/node")
+        bind_node_files(self.sb, self.files)
         self.certificates()
         self.sb.start_containerd(self.bins.cni_bin, self.bins.pause_image, self.bins.containerd,
                                  cdi_dirs=["/var/run/cdi"] if self.bins.cdi else [], nri_socket=self.bins.nri_socket)
@@ -185,11 +193,11 @@ class Cluster:
         except TimeoutError as e:
             raise TimeoutError(f"{e}\n{self.sb.tail(name)}") from None
 
-    def _http_ok(self, url: str) -> bool:
+    def _http_ok(self, url: str, sb: Sandbox | None = None) -> bool:
         """GET `url` from inside the namespaces (no curl needed: this interpreter does it)."""
         code = ("import sys,urllib.request;"
                 f"sys.exit(0 if urllib.request.urlopen({url!r}, timeout=5).status == 200 else 1)")
-        return self.sb.sh(sys.executable, "-c", code, check=False).returncode == 0
+        return (sb or self.sb).sh(sys.executable, "-c", code, check=False).returncode == 0
 
     def start_apiserver(self) -> None:
         p = self.pki
@@ -242,6 +250,7 @@ class Cluster:
         self.cpu_policy = cpu_policy
         cfg = self.w / "kubelet.yaml"
         cfg.write_text(kubelet_config(self.w, self.pki, self.sb.containerd_sock, self.tm_policy, self.cpu_policy))
+        shutil.copy(cfg, self.files / "kubelet.yaml")
         self.sb.spawn("kubelet", [str(self.bins.kubelet), f"--config={cfg}", f"--kubeconfig={self.node_kubeconfig}",
                                   f"--hostname-override={NODE}", f"--node-ip={NODE_IP}", "--v=2"])
         self.wait_up("kubelet", "the kubelet's /healthz", lambda: self._http_ok("http://127.0.0.1:10248/healthz"))
@@ -250,7 +259,18 @@ class Cluster:
     def stop_kubelet(self, sig: int = signal.SIGTERM) -> int | None:
         return self.sb.stop("kubelet", sig)
 
+    def add_node(self, name: str, numa: dict[int, list[int]], distances: dict[int, list[int]], tm_policy: str,
+                 cpu_policy: str = "none", images: list[pathlib.Path] = ()) -> WorkerNode:
+        """One more node (its own namespaces, containerd and kubelet) joined to this cluster's control plane."""
+        node = WorkerNode(self, len(self.workers) + 1, name)
+        self.workers.append(node)
+        node.up(numa, distances, tm_policy, cpu_policy, images)
+        return node
+
     def down(self) -> None:
+        # The other nodes' kubelets first: the API server they talk to stops with this sandbox.
+        for node in reversed(self.workers):
+            node.down()
         self.sb.close(order=STOP_ORDER)
 
     # ---- clients ----
@@ -315,3 +335,73 @@ class Cluster:
     def logs_tail(self) -> str:
         return "\n".join(self.sb.tail(n) for n in ("kubelet", "kube-apiserver", "containerd"))
 
+
+
+def bind_node_files(sb: Sandbox, files: pathlib.Path) -> None:
+    """This node's own files (`files` on the host) at NODE_FILES inside its mount namespace."""
+    files.mkdir(parents=True, exist_ok=True)
+    sb.sh("mkdir", "-p", NODE_FILES)
+    sb.sh("mount", "--bind", str(files), NODE_FILES)
+
+
+class WorkerNode:
+    """A further node of a `Cluster`: namespaces, containerd and a kubelet of its own, the cluster's control plane.
+
+    Why its own namespaces: the kubelet hard-codes /var/lib/kubelet/device-plugins and listens on fixed ports, so
+    two kubelets on one machine need two mount and two network namespaces. Its network is a veth pair to the
+    control plane's namespace (`Sandbox.link_to`): node i is 10.233.i.2, its pods 10.232.i.0/24; the API server is
+    reached at NODE_IP, as from the first node.
+    """
+
+    def __init__(self, cluster: Cluster, index: int, name: str):
+        self.c = cluster
+        self.index = index
+        self.name = name
+        self.ip = f"10.233.{index}.2"
+        self.w = cluster.w / f"node-{name}"
+        self.sb = Sandbox(self.w, hostname=name, address=None, pod_subnet=f"10.232.{index}.0/24")
+        self.files = self.w / "node-files"
+        self.tm_policy = "none"
+
+    def up(self, numa: dict[int, list[int]], distances: dict[int, list[int]], tm_policy: str, cpu_policy: str,
+           images: list[pathlib.Path]) -> None:
+        c, bins = self.c, self.c.bins
+        self.sb.start()
+        self.sb.link_to(c.sb, f"tdp-w{self.index}", f"{self.ip}/24", f"10.233.{self.index}.1/24")
+        numa_sysfs(self.w / "numa-sysfs", numa, distances)
+        self.sb.sh("mount", "--bind", str(self.w / "numa-sysfs"), "/sys/devices/system/node")
+        bind_node_files(self.sb, self.files)
+        kubeconfig = c.pki.kubeconfig(c.pki.issue(f"node-{self.name}", f"system:node:{self.name}", "system:nodes"),
+                                      API)
+        self.sb.start_containerd(bins.cni_bin, bins.pause_image, bins.containerd,
+                                 cdi_dirs=["/var/run/cdi"] if bins.cdi else [], nri_socket=bins.nri_socket)
+        for archive in (bins.pause_archive, *images):
+            self.sb.import_image(archive)
+        self.tm_policy = tm_policy
+        cfg = self.files / "kubelet.yaml"
+        cfg.write_text(kubelet_config(self.w, c.pki, self.sb.containerd_sock, tm_policy, cpu_policy, address=self.ip))
+        self.sb.spawn("kubelet", [str(bins.kubelet), f"--config={cfg}", f"--kubeconfig={kubeconfig}",
+                                  f"--hostname-override={self.name}", f"--node-ip={self.ip}", "--v=2"])
+        self.wait_up("the kubelet's /healthz", lambda: self.c._http_ok("http://127.0.0.1:10248/healthz", self.sb))
+        self.wait_up(f"node {self.name} Ready", self.ready)
+
+    def wait_up(self, what: str, ready) -> None:
+        def check():
+            if not self.sb.running("kubelet"):
+                raise Gone(f"kubelet of {self.name} exited:\n{self.sb.tail('kubelet')}")
+            return ready()
+        try:
+            wait_for(what, check, 300)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n{self.sb.tail('kubelet')}") from None
+
+    def ready(self) -> bool:
+        conds = {x["type"]: x["status"] for x in self.c.get("node", self.name).get("status", {}).get("conditions", [])}
+        return conds.get("Ready") == "True"
+
+    def podresources(self) -> dict[str, Any]:
+        sock = self.w / "var-lib-kubelet" / "pod-resources" / "kubelet.sock"
+        return json.loads(self.sb.sh(str(self.c.bins.harness), "-mode", "podresources", "-socket", str(sock)).stdout)
+
+    def down(self) -> None:
+        self.sb.close(order=("kubelet",))

@@ -90,8 +90,14 @@ def _cmdline(pid: int | str) -> str:
 class Sandbox:
     """The holder and everything started in its namespaces."""
 
-    def __init__(self, workdir: pathlib.Path):
+    def __init__(self, workdir: pathlib.Path, hostname: str = "topo-node", address: str | None = NODE_CIDR,
+                 pod_subnet: str = POD_SUBNET):
+        """`address`: this node's address on a veth of its own (None: the caller links it, `link_to`);
+        `pod_subnet`: its pods' addresses (one per node of a cluster, so routes between nodes can tell them apart)."""
         self.w = workdir
+        self.hostname = hostname
+        self.address = address
+        self.pod_subnet = pod_subnet
         self.w.mkdir(parents=True, exist_ok=True)
         self.logs_dir = self.w / "logs"
         self.logs_dir.mkdir(exist_ok=True)
@@ -114,7 +120,7 @@ class Sandbox:
                  interval=0.05)
         self.namespaces = {k: _ns(self.holder.pid, k) for k in ("mnt", "net")}
         log(f"holder pid {self.holder.pid}: {self.namespaces}")
-        self.sh("hostname", "topo-node")
+        self.sh("hostname", self.hostname)
         # This machine's mounts below the overlaid directories (a /run/netns left by `ip netns`, say)
         # would lie hidden under the overlays yet stay in the namespace's mount table, where a lookup
         # of a path's mount by name finds them first (containerd's check that a HostToContainer
@@ -133,13 +139,33 @@ class Sandbox:
         self.sh("mkdir", "-p", "/var/lib/kubelet", "/run/containerd")
         self.sh("mount", "--bind", str(kubelet_dir), "/var/lib/kubelet")
         self.sh("mount", "-t", "tmpfs", "-o", "mode=0711", "tmpfs", "/run/containerd")
+        self.sh("ip", "link", "set", "lo", "up")
+        if self.address is None:
+            return
         # The node's address: this kernel has no dummy links, so one end of a veth pair.
-        for argv in (["ip", "link", "set", "lo", "up"],
-                     ["ip", "link", "add", "tdp-node", "type", "veth", "peer", "name", "tdp-peer"],
-                     ["ip", "addr", "add", NODE_CIDR, "dev", "tdp-node"],
+        for argv in (["ip", "link", "add", "tdp-node", "type", "veth", "peer", "name", "tdp-peer"],
+                     ["ip", "addr", "add", self.address, "dev", "tdp-node"],
                      ["ip", "link", "set", "tdp-node", "up"], ["ip", "link", "set", "tdp-peer", "up"],
                      ["ip", "route", "add", "default", "dev", "tdp-node"]):
             self.sh(*argv)
+
+    def link_to(self, hub: Sandbox, name: str, cidr: str, hub_cidr: str) -> None:
+        """Join this sandbox's network to `hub`'s (the control plane's) with a veth pair: `cidr` here,
+        `hub_cidr` there, this side's default route through the hub, the hub's route to this node's pods
+        through this side. Both sides forward (a new network namespace starts with forwarding off), so
+        pods on this node reach the API server and the hub reaches this node's kubelet and pods."""
+        assert self.holder is not None and hub.holder is not None
+        here, there = cidr.split("/")[0], hub_cidr.split("/")[0]
+        self.sh("ip", "link", "add", "tdp-up", "type", "veth", "peer", "name", name)
+        self.sh("ip", "link", "set", name, "netns", str(hub.holder.pid))
+        for argv in (["ip", "addr", "add", cidr, "dev", "tdp-up"], ["ip", "link", "set", "tdp-up", "up"],
+                     ["ip", "route", "add", "default", "via", there],
+                     ["sysctl", "-qw", "net.ipv4.ip_forward=1"]):
+            self.sh(*argv)
+        for argv in (["ip", "addr", "add", hub_cidr, "dev", name], ["ip", "link", "set", name, "up"],
+                     ["ip", "route", "add", self.pod_subnet, "via", here],
+                     ["sysctl", "-qw", "net.ipv4.ip_forward=1"]):
+            hub.sh(*argv)
 
     def mounts_below(self, dirs: Iterable[str]) -> list[str]:
         """Mount points in the holder's namespace strictly below `dirs`, deepest first."""
@@ -208,7 +234,7 @@ class Sandbox:
         return {
             "cniVersion": "0.4.0", "name": "topo-e2e",
             "plugins": [{"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
-                         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                         "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_subnet}]],
                                   "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.w / "cni-ipam")}}],
         }
 

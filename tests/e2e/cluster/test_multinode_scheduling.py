@@ -1,0 +1,203 @@
+"""Three kubelets, one control plane: what the default scheduler does to topology, and what our objects tell.
+
+The cluster (tests/e2e/cluster: one API server, scheduler and controller manager) has three nodes, each a real
+kubelet on its own containerd in its own namespaces (`Cluster.add_node`), every one at the Topology Manager's
+`single-numa-node` policy, and our DaemonSet on each (one chart release) with the NodeResourceTopology
+publisher on. The nodes differ below the count:
+
+- `topo-node` serves a simulated DGX A100: 4 GPUs and 4 NICs on each of its two NUMA nodes, so two pods
+  asking 4 GPUs + 4 NICs fit aligned;
+- `topo-split-1` and `topo-split-2` serve 4 GPUs and 4 NICs too, but two of each per NUMA node: the count fits
+  one such pod, alignment never does.
+
+Six such pods: the default scheduler counts devices, binds pods to the split nodes, and their kubelets refuse
+them (`TopologyAffinityError`), again as the freed capacity draws the pending pods there. That run's figures
+(errors, time until every pod settled) are printed, never asserted against a number; what is asserted is
+what a user sees: two pods run, both on the node that can align them, every other pod refused by a
+kubelet for topology; and every node's published object says what its kubelet's pod-resources says is free.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import Any
+
+import pytest
+import yaml
+from cluster import NODE, NODE_FILES, Cluster, WorkerNode
+from cluster_fixtures import numa_layout, start_cluster
+from nrt_checks import NRT, available
+from sandbox import NODE_IP, wait_for
+from workloads import GPU, NIC, Node, chart_values, diagnose, helm_upgrade, workload
+
+pytestmark = pytest.mark.timeout(1800)
+
+SPLIT = ("topo-split-1", "topo-split-2")
+PODS = 6
+ASK: dict[str, int | str] = {GPU: 4, NIC: 4}
+POLICY = "single-numa-node"
+
+
+def split_node(w: pathlib.Path) -> Node:
+    """A DGX A100 cut to GPUs 0, 1 (NUMA 0) and 4, 5 (NUMA 1) with their PCIe-switch NICs: 4 + 4 by count,
+    2 + 2 per NUMA node."""
+    node = Node.make(w)
+    data = yaml.safe_load(node.node_file.read_text())
+    keep_gpus = {"GPU0", "GPU1", "GPU4", "GPU5"}
+    keep_nics = {"mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5"}
+    data["metadata"]["name"] = "dgx-a100-split"
+    data["gpus"] = [g for g in data["gpus"] if g["name"] in keep_gpus]
+    for i, g in enumerate(data["gpus"]):
+        g["minor"] = i
+    data["nics"] = [n for n in data["nics"] if n["name"] in keep_nics]
+    kept = keep_gpus | keep_nics
+    links = []
+    for link in data["links"]:
+        devices = [d for d in link["devices"] if d in kept]
+        if len(devices) >= 2:
+            links.append({**link, "devices": devices})
+    data["links"] = links
+    node.node_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    for extra in sorted(node.dev_root.glob("nvidia[0-9]*"))[len(data["gpus"]):]:
+        extra.unlink()
+    return node
+
+
+def inside(node: Node, files: pathlib.Path) -> Node:
+    """The same node's files as its daemon pod sees them: at NODE_FILES in the node's mount namespace."""
+    return Node(pathlib.Path(NODE_FILES) / node.node_file.relative_to(files),
+                pathlib.Path(NODE_FILES) / node.dev_root.relative_to(files))
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory, cluster_inputs):
+    image = cluster_inputs["image"]
+    root = tmp_path_factory.mktemp("multinode")
+    a100 = Node.make(_mkdir(root / "a100"))
+    numa, distances = a100.numa_nodes()
+    for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy=POLICY):
+        # The first node's files: moved under its NODE_FILES directory (bound by Cluster.up).
+        first = Node.make(_mkdir(c.files / "sim"))
+        nodes: dict[str, tuple[Node, pathlib.Path]] = {NODE: (first, c.files)}
+        workers: dict[str, WorkerNode] = {}
+        for name in SPLIT:
+            w = c.add_node(name, numa_layout(numa), distances, tm_policy=POLICY, images=[image.archive])
+            workers[name] = w
+            nodes[name] = (split_node(_mkdir(w.files / "sim")), w.files)
+        # One release for every node: the same paths in the values, each node's own files behind them.
+        values = chart_values(image.ref, inside(first, c.files))
+        values.update({"nrt": {"enabled": True, "kubeletConfig": f"{NODE_FILES}/kubelet.yaml"},
+                       "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                                    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]})
+        helm_upgrade(c, values)
+        wait_for("every node advertising its GPUs and NICs", lambda: _advertised(c) == {
+            NODE: (8, 8), SPLIT[0]: (4, 4), SPLIT[1]: (4, 4)}, 300)
+        yield {"c": c, "workers": workers, "image": image.ref, "nodes": nodes}
+
+
+def _mkdir(p: pathlib.Path) -> pathlib.Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _advertised(c: Cluster) -> dict[str, tuple[int, int]]:
+    out = {}
+    for n in c.get("nodes")["items"]:
+        alloc = n["status"].get("allocatable", {})
+        out[n["metadata"]["name"]] = (int(alloc.get(GPU, 0)), int(alloc.get(NIC, 0)))
+    return out
+
+
+def _pods(c: Cluster) -> list[dict[str, Any]]:
+    return c.get("pods", "-n", "default", "-l", "topo-e2e=multinode")["items"]
+
+
+def _settled(pod: dict[str, Any]) -> bool:
+    st = pod.get("status", {})
+    return st.get("phase") in ("Running", "Failed")
+
+
+def run_workload(c: Cluster, image: str, scheduler: str | None, timeout: float = 600) -> dict[str, Any]:
+    """Create the six pods at once; wait until two run and every other pod is Failed or (with a topology-aware
+    scheduler) Pending as unschedulable; return what each pod ended as, and the seconds it took."""
+    start = time.monotonic()
+    for i in range(PODS):
+        pod = workload(f"tm-{i}", image, ASK)
+        pod["metadata"]["labels"] = {"topo-e2e": "multinode"}
+        if scheduler:
+            pod["spec"]["schedulerName"] = scheduler
+        c.apply(pod)
+
+    def done():
+        pods = _pods(c)
+        running = [p for p in pods if p["status"].get("phase") == "Running"]
+        failed = [p for p in pods if p["status"].get("phase") == "Failed"]
+        unschedulable = [p for p in pods if any(x.get("reason") == "Unschedulable"
+                                                for x in p["status"].get("conditions", []))]
+        return len(pods) == PODS and len(running) == 2 and len(running) + len(failed) + len(unschedulable) == PODS
+    try:
+        wait_for("two pods Running, every other one refused or unschedulable", done, timeout, interval=1)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c)}") from None
+    seconds = time.monotonic() - start
+    out = []
+    for p in _pods(c):
+        st = p["status"]
+        cond: dict[str, Any] = next((x for x in st.get("conditions", []) if x.get("reason") == "Unschedulable"), {})
+        out.append({"name": p["metadata"]["name"], "node": p["spec"].get("nodeName"), "phase": st.get("phase"),
+                    "reason": st.get("reason") or cond.get("reason"), "message": st.get("message") or
+                    cond.get("message", "")})
+    return {"pods": sorted(out, key=lambda x: x["name"]), "seconds": seconds}
+
+
+def delete_all(c: Cluster) -> None:
+    c.kubectl("delete", "pods", "-n", "default", "-l", "topo-e2e=multinode", "--wait=false")
+    wait_for("the workload's pods gone", lambda: not _pods(c), 180)
+
+
+def published_matches(c: Cluster, name: str, pr: dict[str, Any]) -> bool:
+    """Node `name`'s NodeResourceTopology says free exactly what its kubelet's pod-resources says is free."""
+    proc = c.kubectl("get", NRT, name, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return False
+    got = available(json.loads(proc.stdout))
+    held = {(res, dev) for p in pr.get("pods") or [] for ctr in p.get("containers") or []
+            for res, devs in (ctr.get("devices") or {}).items() for dev in devs}
+    want: dict[tuple[str, str], int] = {}
+    for res, devs in (pr.get("allocatable") or {}).items():
+        for did, numa in devs.items():
+            key = (f"node-{numa[0]}", res)
+            want[key] = want.get(key, 0) + ((res, did) not in held)
+    return all(got.get(k) == v for k, v in want.items()) and bool(want)
+
+
+def test_three_kubelets_join_one_control_plane_each_with_its_own_topology(three):
+    c = three["c"]
+    assert _advertised(c) == {NODE: (8, 8), SPLIT[0]: (4, 4), SPLIT[1]: (4, 4)}
+    for name in (NODE, *SPLIT):
+        obj = json.loads(c.kubectl("get", NRT, name, "-o", "json").stdout)
+        zones = {z["name"]: {r["name"]: int(r["capacity"]) for r in z.get("resources", ())} for z in obj["zones"]}
+        per_zone = 4 if name == NODE else 2
+        assert zones == {f"node-{n}": {GPU: per_zone, NIC: per_zone} for n in (0, 1)}, (name, zones)
+        policy = {a["name"]: a["value"] for a in obj.get("attributes", ())}
+        assert policy.get("topologyManagerPolicy") == POLICY, (name, policy)
+
+
+def test_default_scheduler_sends_pods_to_nodes_that_cannot_align_them(three, record_property):
+    c = three["c"]
+    result = run_workload(c, three["image"], scheduler=None)
+    pods = result["pods"]
+    running = [p for p in pods if p["phase"] == "Running"]
+    refused = [p for p in pods if p["phase"] == "Failed"]
+    assert {p["node"] for p in running} == {NODE}, pods
+    assert refused and all(p["reason"] == "TopologyAffinityError" and p["node"] in SPLIT for p in refused), pods
+    record_property("measured: default scheduler, 6 pods of 4 GPUs + 4 NICs on 3 nodes",
+                    f"{len(refused)} TopologyAffinityError, settled in {result['seconds']:.0f} s")
+    # While the two pods run, every node's object says what its kubelet says is free.
+    prs = {NODE: c.podresources, **{n: w.podresources for n, w in three["workers"].items()}}
+    for name, pr in prs.items():
+        wait_for(f"{name}'s published availability to match its pod-resources",
+                 lambda name=name, pr=pr: published_matches(c, name, pr()), 120)
+    delete_all(c)
