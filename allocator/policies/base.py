@@ -16,7 +16,9 @@ from typing import ClassVar
 from ..request import Allocation, AllocationRequest
 from ..scoring import left_score_idx, score_idx, span_idx
 from ..topology import DeviceGraph
-from .paired import PairedObjective, PairedProblem, solve_paired
+from .paired_search import solve_paired
+from .pairing_objectives import PairedObjective
+from .pairing_problem import PairedProblem
 from .problem import Objective, Problem
 from .search import solve
 from .subsets import TABLE_MAX_SETS, SubsetTableCache
@@ -69,11 +71,11 @@ class SearchPolicy:
         raise NotImplementedError
 
     def paired_objective(self, problem: PairedProblem) -> PairedObjective | None:
-        """The objective with partners (see `paired`); None: this policy ignores partners."""
+        """The objective with partners (see `pairing_objectives`); None: this policy ignores partners."""
         return None
 
     def paired_shortcut(self, problem: PairedProblem) -> tuple[int, ...] | None:
-        """The optimum with partners when it is proven without a search (`paired.forced_pairing`), else None."""
+        """The optimum with partners when it is proven without a search (`pairing_shortcuts.forced_pairing`), else None."""
         return None
 
     def shortcut(self, problem: Problem) -> tuple[int, ...] | None:

@@ -12,14 +12,9 @@ from dataclasses import dataclass
 
 from .base import SearchPolicy
 from ..scoring import min_span_idx, score_idx
-from .paired import (
-    PairedObjective,
-    PairedProblem,
-    forced_pairing,
-    gpu_link_first_objective,
-    gpu_numa_first_objective,
-    uniform_links_pairing,
-)
+from .pairing_objectives import PairedObjective, gpu_link_first_objective, gpu_numa_first_objective
+from .pairing_problem import PairedProblem
+from .pairing_shortcuts import forced_pairing, uniform_links_pairing
 from .problem import Objective, Problem, link_first_objective, numa_first_objective
 
 
@@ -109,7 +104,7 @@ def _with_largest_score(pp: PairedProblem) -> tuple[int, ...] | None:
     """`forced_pairing`'s set when its W(S) is the largest any set of its size can have (the sum of
     the largest k(k-1)/2 link weights among the available GPUs, reached on NVSwitch nodes): then it
     is optimal on span and W(S) too, and the only set with the best X among those. Else, on nodes whose
-    available GPUs all share one link weight, `paired.uniform_links_pairing`."""
+    available GPUs all share one link weight, `pairing_shortcuts.uniform_links_pairing`."""
     members = forced_pairing(pp)
     if members is None:
         return uniform_links_pairing(pp)

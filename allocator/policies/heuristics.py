@@ -143,7 +143,7 @@ def greedy(p: Problem, obj: Objective, numa_seed: Iterable[int] = (),
     exists, so the result always respects `obj.max_span` (counting the
     `numa_seed` nodes as used, see `SetState`). `extra(x)` is added to each
     candidate's gain and `on_add(x)` told of each pick, for a key term that
-    `SetState` does not track (the pairing weight, see `paired`).
+    `SetState` does not track (the pairing weight, see `pairing_bound`).
     """
     st = SetState(p, obj, p.must, numa_seed)
     need = p.picks

@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import SearchPolicy
-from .paired import PairedObjective, PairedProblem, forced_pairing, nic_paired_objective
+from .pairing_objectives import PairedObjective, nic_paired_objective
+from .pairing_problem import PairedProblem
+from .pairing_shortcuts import forced_pairing
 from .problem import Objective, Problem, nic_objective
 
 

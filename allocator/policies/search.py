@@ -32,12 +32,21 @@ ports (packed) the remaining classes could give.
 The NUMA limit (single constrained search only) is enforced while branching
 and checked for feasibility in the bound: capacity of used nodes +
 unknown-NUMA devices + the largest unopened nodes that still fit.
+
+The public interface, for searches whose key has one more term that is not a
+sum over devices (the pairing term X(S, P), `pairing_bound`): `BranchAndBound`
+is the engine over one `Space`, and a `KeyTerm` given to it is kept up to date
+as devices are taken and given back, splits the twin classes further, adds to
+the classes' order and to the NUMA nodes counted as used, and tightens the
+bound. `OutOfTime` is what the engine raises when its deadline passes.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .decompose import Space, subspaces
 from .heuristics import SetState, greedy, local_search
@@ -45,8 +54,45 @@ from .problem import Objective, Problem
 from .twins import TwinClass, twin_classes
 
 
-class _OutOfTime(Exception):
-    pass
+class OutOfTime(Exception):
+    """The deadline passed during a search: the best answer found so far stands, not proven optimal."""
+
+
+class KeyTerm(Protocol):
+    """One more term of the key, not a sum over devices, that `BranchAndBound` keeps for its owner.
+
+    The engine calls `classes` while it sets up, then `attach` once its classes are ordered (the
+    term reads the engine's public state: `members`, `nc`, `cnuma`, `numa_count`, `chosen`,
+    `best_key`), `took`/`gave_back` around every branch, and `bound` at every node the engine's own
+    bound does not prune. The engine adds what `attach` and `took` return to the key of the partial
+    set and subtracts what `gave_back` returns, so the key it compares is exact.
+    """
+
+    #: Added to each position's linear term only where the classes are ordered (best first).
+    order_bonus: Sequence[int]
+    #: NUMA nodes counted as used from the start (span limit and span penalty see them).
+    used_numa: Sequence[int]
+
+    def classes(self, p: Problem, pool: tuple[int, ...]) -> list[TwinClass]:
+        """The twin classes to branch on: devices interchangeable for the whole key, this term included."""
+        ...
+
+    def attach(self, engine: BranchAndBound) -> int:
+        """Start on `engine` (classes ordered, fixed devices chosen); the term's value for the fixed devices."""
+        ...
+
+    def took(self, c: int, t: int) -> int:
+        """The first `t` members of class `c` were taken: the term's growth."""
+        ...
+
+    def gave_back(self, c: int, t: int) -> int:
+        """The last `took(c, t)` is undone: what it had added."""
+        ...
+
+    def bound(self, ub: int, c: int, r: int, closed: bool) -> int:
+        """`ub` (a bound of the key without this term's growth) raised by a bound of that growth, for
+        picking `r` more devices from classes `c..`; `closed`: the span limit admits no new node."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -82,11 +128,8 @@ def solve(p: Problem, obj: Objective, deadline: float | None = None) -> SearchRe
     explored = 0
     optimal = True
     for space in subspaces(p, obj):
-        bb = _BranchAndBound(p, space, best, best_key, deadline)
-        try:
-            bb.run()
-        except _OutOfTime:
-            optimal = False
+        bb = BranchAndBound(p, space, best, best_key, deadline)
+        optimal = bb.run()
         best, best_key = bb.best, bb.best_key
         explored += bb.explored
         if not optimal:
@@ -114,11 +157,15 @@ def _one_pick(p: Problem, obj: Objective) -> SearchResult:
     return SearchResult(tuple(sorted((*p.must, best))), st.key() + best_d, True, len(p.free))
 
 
-class _BranchAndBound:
-    """One sub-search (a `Space`); written for CPython speed (locals, flat lists).
+class BranchAndBound:
+    """One sub-search (a `Space`), with an optional `KeyTerm`; written for CPython speed (locals, flat lists).
 
     `best`/`best_key` are always in answer terms (sorted positions of the
-    answer and its key), whichever side the space searches.
+    answer and its key), whichever side the space searches. What a `KeyTerm`
+    may read, in the order of the classes (best first): `members` (each
+    class's members, in the order they are taken), `nc` (the number of
+    classes), `cnuma` (each class's NUMA node), `numa_count` (devices per used
+    node), `chosen` (the partial set) and `best_key`; it changes none of them.
     """
 
     def __init__(
@@ -128,6 +175,7 @@ class _BranchAndBound:
         incumbent: tuple[int, ...],
         inc_key: int,
         deadline: float | None,
+        term: KeyTerm | None = None,
     ):
         self.p = p
         self.space = space
@@ -138,6 +186,7 @@ class _BranchAndBound:
         self.deadline = deadline
         self.explored = 0
         self.complement = space.complement
+        self.term = term
 
         w = p.graph.weights
         pool = space.pool
@@ -146,7 +195,8 @@ class _BranchAndBound:
         r_total = space.picks
 
         # Root value of each class, used to order the classes best first.
-        classes = self._classes(pool)
+        classes = term.classes(p, pool) if term is not None else twin_classes(p, pool)
+        order_lin = obj.lin if term is None else [v + b for v, b in zip(obj.lin, term.order_bonus)]
         root_top: dict[int, list[int]] = {}
         value: dict[int, int] = {}
         for c in classes:
@@ -158,7 +208,7 @@ class _BranchAndBound:
                 s += ws[j] if j < len(ws) else 0
                 acc.append(alpha * s)
             root_top[c.rep] = acc
-            value[c.rep] = 2 * alpha * sum(row[m] for m in fixed) + 2 * obj.lin[c.rep] + acc[r_total]
+            value[c.rep] = 2 * alpha * sum(row[m] for m in fixed) + 2 * order_lin[c.rep] + acc[r_total]
         classes.sort(key=lambda c: (-value[c.rep], c.rep))
 
         # A complement search leaves out the *last* members of a class, so the
@@ -198,11 +248,12 @@ class _BranchAndBound:
             if n is not None:
                 self.numa_count[n] = self.numa_count.get(n, 0) + 1
             self.port_count[p.port[m]] = self.port_count.get(p.port[m], 0) + 1
+        if term is not None:
+            for n in term.used_numa:
+                self.numa_count[n] = self.numa_count.get(n, 0) + 1
         self._remaining_cache: dict[int, list[int]] = {}
-
-    def _classes(self, pool: tuple[int, ...]) -> list[TwinClass]:
-        """The twin classes the search branches on (a subclass may split them further)."""
-        return twin_classes(self.p, pool)
+        if term is not None:
+            self.lin += term.attach(self)
 
     # -- the tie rule -------------------------------------------------------
     def _remaining_sorted(self, c: int) -> list[int]:
@@ -247,8 +298,12 @@ class _BranchAndBound:
         g = self.gain
         for d in range(c + 1, self.nc):
             g[d] += t * row[d]
+        if self.term is not None:
+            self.lin += self.term.took(c, t)
 
     def _untake(self, c: int, t: int) -> None:
+        if self.term is not None:
+            self.lin -= self.term.gave_back(c, t)
         ms = self.members[c]
         del self.chosen[-t:]
         row = self.cw[c]
@@ -274,8 +329,13 @@ class _BranchAndBound:
                 del pc[pt]
 
     # -- search ---------------------------------------------------------------
-    def run(self) -> None:
-        self._node(0, self.space.picks)
+    def run(self) -> bool:
+        """Search the space; True when it finished (`best` is then proven), False when the deadline passed."""
+        try:
+            self._node(0, self.space.picks)
+        except OutOfTime:
+            return False
+        return True
 
     def _key(self) -> int:
         o = self.obj
@@ -286,7 +346,7 @@ class _BranchAndBound:
         self.explored += 1
         if self.deadline is not None and self.explored % _CLOCK_EVERY == 0:
             if time.perf_counter() > self.deadline:
-                raise _OutOfTime
+                raise OutOfTime
         if r == 0:
             key = self._key()
             if key >= self.best_key:
@@ -396,16 +456,14 @@ class _BranchAndBound:
                        + o.port_coef * len(self.port_count) + o.offset)
         if o.port_coef:
             bound2 += 2 * o.port_coef * self._port_bound(c, r, closed)
-        ub = self._refine_bound(bound2 // 2, c, r, closed)
+        ub = bound2 // 2
+        if self.term is not None:
+            ub = self.term.bound(ub, c, r, closed)
         if ub < self.best_key:
             return False
         if ub == self.best_key:
             return self._could_win_tie(c, r)
         return True
-
-    def _refine_bound(self, ub: int, c: int, r: int, closed: bool) -> int:
-        """The bound of picking r more devices from classes c.. (a subclass may add a term of its key)."""
-        return ub
 
     def _port_bound(self, c: int, r: int, closed: bool) -> int:
         """Spread: the most new ports r picks can add. Packed: the fewest they must add."""

@@ -38,7 +38,6 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import combinations
 from typing import Any
 
@@ -217,11 +216,17 @@ class SubsetTableCache:
     Kept by graph object (the look-up a request makes) and by graph contents (a rebuilt resource,
     e.g. after a health change, gets a new graph with the same devices and links: its tables are
     reused), for the last `keep` distinct topologies.
+
+    The by-object index is a tuple of (weak reference, tables) pairs matched by identity: no `id()`
+    keys (an id is reused once its graph is gone), no weakref callbacks (one could run during a
+    garbage collection inside the locked section and deadlock on the lock); entries whose graph is
+    gone are dropped whenever an entry is added. Readers scan the tuple without the lock: it is
+    replaced whole, never changed in place, and a node has a few graphs at a time.
     """
 
     def __init__(self, keep: int = KEEP):
         self.keep = keep
-        self._by_graph: dict[int, tuple[weakref.ref[DeviceGraph], SubsetTables | None]] = {}
+        self._by_graph: tuple[tuple[weakref.ref[DeviceGraph], SubsetTables | None], ...] = ()
         self._by_contents: OrderedDict[tuple[Any, ...], SubsetTables | None] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -230,10 +235,9 @@ class SubsetTableCache:
         devices or with a weight outside 0.._MAX_WEIGHT (then the search answers)."""
         if len(graph.ids) > TABLE_MAX_DEVICES:
             return None
-        key = id(graph)
-        hit = self._by_graph.get(key)
-        if hit is not None and hit[0]() is graph:
-            return hit[1]
+        for ref, kept in self._by_graph:
+            if ref() is graph:
+                return kept
         contents = (graph.ids, graph.numa, graph.ports, tuple(tuple(row) for row in graph.weights))
         with self._lock:
             known = contents in self._by_contents
@@ -248,14 +252,9 @@ class SubsetTableCache:
             self._by_contents.move_to_end(contents)
             while len(self._by_contents) > self.keep:
                 self._by_contents.popitem(last=False)
-            self._by_graph[key] = (weakref.ref(graph, partial(self._forget, key)), tables)
+            live = tuple(entry for entry in self._by_graph if (g := entry[0]()) is not None and g is not graph)
+            self._by_graph = (*live, (weakref.ref(graph), tables))
         return tables
-
-    def _forget(self, key: int, ref: weakref.ref[DeviceGraph]) -> None:
-        with self._lock:
-            hit = self._by_graph.get(key)
-            if hit is not None and hit[0] is ref:
-                del self._by_graph[key]
 
     def prepare(self, graph: DeviceGraph, order: str | None) -> None:
         """Build `graph`'s tables and `order`'s keys now (where the resource is built, off the RPC path),

@@ -35,7 +35,7 @@ from ..allocation.search_pool import SearchPool
 from ..errors import InputError, TopoDevicePluginError
 from ..health.policy import action_of_reason
 from ..heap import release_free_heap
-from ..model.cdi.sync import SpecSync
+from ..cdi_files.sync import SpecSync
 from ..model.resources import Resource, ResourceOptions, build_resources
 from ..model.serving_modes import DraDevices, split
 from ..mps.control import MpsControl

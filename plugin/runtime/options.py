@@ -17,7 +17,7 @@ from ..allocation.preferred import DEFAULT_DEADLINE_S
 class DaemonOptions:
     plugin_dir: str
     metrics_address: str | None = None
-    #: Where our CDI specs go (`plugin.model.cdi.sync`); None: never write any.
+    #: Where our CDI specs go (`plugin.cdi_files.sync`); None: never write any.
     cdi_spec_dir: str | None = None
     #: Quiet time after a filesystem event before acting (one kubelet restart = one re-registration).
     debounce_s: float = 0.05

@@ -430,12 +430,6 @@ class HardwareSource:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    def inject_hotplug(self, action: str, subsystem: str, sys_path: str = "") -> None:
-        """Tests and demos: feed a udev-style event (thread-safe)."""
-        if self.watcher is None:
-            raise RuntimeError("watch() is not running")
-        self.watcher.inject((action, subsystem, sys_path))
-
 
 def hardware_source_from_options(
     *,

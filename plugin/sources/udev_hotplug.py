@@ -12,7 +12,8 @@ topology stays.
 
 Where udev cannot be used (no libudev, no netlink socket in the container,
 pyudev missing) the watcher logs why and falls back to a slow periodic
-rescan; tests inject events with `inject()` and need no udev at all.
+rescan; tests replace the monitor (`monitor_factory`: udev is the hardware
+boundary, `tests/support/topo_testkit/fake_udev.py`) and need no udev at all.
 
 Link state is not a uevent (carrier changes arrive over rtnetlink), so with
 `link_poll_s` set the watcher polls the operstate of the NICs' netdevs (a few
@@ -131,7 +132,6 @@ class HotplugWatcher:
         self.subsystems = tuple(subsystems)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kick: asyncio.Event | None = None
-        self._early: list[HotplugEvent] = []
         self._reasons: list[str] = []
         #: "udev" or "polling" once running; why udev is not used, if it is not.
         self.mode = "stopped"
@@ -141,22 +141,6 @@ class HotplugWatcher:
         self.current: NodeTopology | None = None
 
     # -- events ------------------------------------------------------------
-    def inject(self, event: HotplugEvent | tuple[str, str] | tuple[str, str, str]) -> None:
-        """Feed an event as if udev sent it. Thread-safe; before `run` it is queued."""
-        ev = event if isinstance(event, HotplugEvent) else HotplugEvent(*event)
-        loop = self._loop
-        if loop is None or self._kick is None:
-            self._early.append(ev)
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._on_event(ev)
-        else:
-            loop.call_soon_threadsafe(self._on_event, ev)
-
     def _on_event(self, ev: HotplugEvent) -> None:
         if ev.subsystem not in self.subsystems or ev.action not in ACTIONS:
             return
@@ -179,9 +163,6 @@ class HotplugWatcher:
         tasks: list[asyncio.Task] = []
         if self.link_poll_s and self._link_states is not None:
             tasks.append(asyncio.create_task(self._poll_links(), name="nic-link-poll"))
-        for ev in self._early:
-            self._on_event(ev)
-        self._early.clear()
         try:
             while True:
                 interval = self.periodic_s if monitor is not None else self.fallback_interval_s

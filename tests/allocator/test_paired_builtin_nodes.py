@@ -13,7 +13,7 @@ as a container's earlier `Allocate` gives them.
 The answer must be the oracle's very set (both apply the fixed rule), proven
 optimal, with the reported pairing its X and its pairs a one-to-one matching.
 On the NVSwitch nodes the GPU policies may answer without a search
-(`paired.uniform_links_pairing`); partners with arbitrary, often tied weights
+(`pairing_shortcuts.uniform_links_pairing`); partners with arbitrary, often tied weights
 check that shortcut where the built-in NICs rarely lead (one GPU the best of
 two partners, partners without a NUMA node).
 """

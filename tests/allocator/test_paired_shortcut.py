@@ -1,4 +1,4 @@
-"""The shortcut that answers a request with partners without a search (`paired.forced_pairing`).
+"""The shortcut that answers a request with partners without a search (`pairing_shortcuts.forced_pairing`).
 
 Requests where it applies are generated on purpose (partners whose own best
 device is free and unique: GPU i with its PIX NIC on a DGX H100, generated
@@ -15,7 +15,8 @@ import pytest
 
 from allocator.pairing import PairingIndex
 from allocator.policies import get_policy
-from allocator.policies.paired import PairedProblem, forced_pairing
+from allocator.policies.pairing_problem import PairedProblem
+from allocator.policies.pairing_shortcuts import forced_pairing
 from allocator.policies.problem import Problem
 from allocator.request import AllocationRequest
 from plugin.model.resources import ResourceOptions, build_resources

@@ -152,3 +152,15 @@ def test_a_policy_without_a_cache_keeps_its_own_and_answers_the_same():
     own = get_policy("numa-first")
     assert own.allocate(g, req) == get_policy("numa-first", tables=shared).allocate(g, req)
     assert own.within(0.5).tables is own.tables  # a budget cut keeps the policy's tables
+
+
+def test_graphs_made_and_dropped_one_after_another_each_get_their_own_tables():
+    # Rebuilt resources come and go; a new graph may reuse a dropped one's memory (its id), and must
+    # still get the tables of its own devices, never those of the graph that was there before.
+    cache = SubsetTableCache()
+    for seed in range(40):
+        g = random_graph(random.Random(seed), 6 + seed % 5)
+        got = cache.tables(g)
+        assert got is not None and got.ids == g.ids
+        assert got.score[(1 << got.n) - 1] == sum(g.weights[i][j] for i in range(got.n) for j in range(i + 1, got.n))
+        del g, got

@@ -13,7 +13,7 @@ import pathlib
 
 import pytest
 
-from plugin.model.cdi.sync import SpecSync
+from plugin.cdi_files.sync import SpecSync
 from plugin.model.gpu_allocate import GpuAllocateOptions
 from plugin.model.resources import Resource, ResourceOptions, build_resources
 from plugin.sources.hardware import hardware_source_from_options

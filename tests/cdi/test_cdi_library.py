@@ -17,7 +17,8 @@ import pathlib
 
 import pytest
 
-from plugin.model.cdi import CdiOptions, CdiSpecWriter, names_for, spec_for_resource
+from plugin.cdi_files.writer import CdiSpecWriter
+from plugin.model.cdi import CdiOptions, names_for, spec_for_resource
 
 from cdi_nodes import BUILTINS, TIME_SLICED, mig_resource, nic_resource, resources_of, served, served_by_nvml, \
     time_sliced

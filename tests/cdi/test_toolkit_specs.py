@@ -31,7 +31,8 @@ import pytest
 from topo_testkit import driver_root as dr
 from topo_testkit import nvidia_toolkit as tk
 
-from plugin.model.cdi import CdiOptions, CdiSpecWriter, spec_for_resource
+from plugin.cdi_files.writer import CdiSpecWriter
+from plugin.model.cdi import CdiOptions, spec_for_resource
 
 from cdi_nodes import resources_of
 

@@ -10,8 +10,8 @@ import stat
 
 import pytest
 
-from plugin.model.cdi import CdiOptions, CdiSpecWriter, CdiWriteError, spec_for_resource
-from plugin.model.cdi.writer import fix_for
+from plugin.cdi_files.writer import CdiSpecWriter, CdiWriteError, fix_for
+from plugin.model.cdi import CdiOptions, spec_for_resource
 
 from cdi_nodes import mig_resource, nic_resource, resources_of
 
@@ -134,7 +134,7 @@ def test_the_fix_follows_the_cause(tmp_path: pathlib.Path, code: int, words: str
 
 
 def test_shutdown_with_a_broken_directory_is_a_warning(tmp_path: pathlib.Path, caplog) -> None:
-    from plugin.model.cdi.sync import SpecSync
+    from plugin.cdi_files.sync import SpecSync
     from plugin.model.gpu_allocate import GpuAllocateOptions
     from plugin.model.resources import ResourceOptions, build_resources
     from plugin.sources.simulated import load_simulated

@@ -23,6 +23,7 @@ from plugin.model.nic_pools import parse_pools
 from plugin.model.resources import ResourceOptions
 from plugin.sources.hardware import hardware_source_from_options
 from plugin.sources.udev_hotplug import UdevUnavailable
+from topo_testkit.fake_udev import FakeUdev
 from topo_testkit.sysfs_fixture import example_config, fake_nvml
 
 
@@ -36,10 +37,10 @@ def plugin_dir(short_tmp: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def running(node, plugin_dir, nvml):
+async def running(node, plugin_dir, nvml, udev=None):
     source = hardware_source_from_options(
         sysfs_root=node.sysfs_root, dev_root=node.dev_root, proc_root=node.proc_root, nvml=nvml,
-        node_name=node.spec.name, monitor_factory=no_udev, debounce_s=0.02,
+        node_name=node.spec.name, monitor_factory=udev if udev is not None else no_udev, debounce_s=0.02,
         gpu_health=GpuHealthOptions(quiet_period_s=0.3, wait_timeout_ms=50),
     )
     raw = yaml.safe_load(example_config(node))["nics"]["resourceList"]
@@ -103,12 +104,13 @@ async def test_daemon_serves_discovered_gpus_and_nic_pools(node, plugin_dir):
 
 async def test_hotplug_and_gpu_health_reach_the_streams(node, plugin_dir):
     nvml = fake_nvml(node)
-    async with running(node, plugin_dir, nvml) as (_daemon, source, kubelet):
+    udev = FakeUdev()
+    async with running(node, plugin_dir, nvml, udev) as (_daemon, _source, kubelet):
         await kubelet.wait_for(lambda: EXPECTED <= {r for r, c in kubelet.clients.items() if c.devices})
         # A VF disappears (driver unbound): the pool shrinks without a restart.
         gone = node.function("ens2f0").vfs[1]
         os.unlink(os.path.join(node.sysfs_root, "bus", "pci", "devices", gone, "driver"))
-        source.inject_hotplug("unbind", "pci", f"/devices/x/{gone}")
+        udev.send("unbind", "pci", f"/devices/x/{gone}")
         await kubelet.wait_for(lambda: gone not in kubelet.devices("topo.dev/sriov_b")
                                and len(kubelet.devices("topo.dev/sriov_b")) == 3)
         # A critical XID: GPU2 goes Unhealthy on the stream, then recovers.

@@ -17,6 +17,7 @@ from plugin.sources.nvml_gpus import DiscoveryError
 from plugin.sources.hardware import hardware_source_from_options, read_numa
 from plugin.sources.simulated import load_simulated
 from plugin.sources.udev_hotplug import UdevUnavailable
+from topo_testkit.fake_udev import FakeUdev
 from topo_testkit.sysfs_fixture import (
     example_config, fake_nvml, simulated_node_yaml, write_demo,
 )
@@ -26,11 +27,11 @@ def no_udev(_subsystems):
     raise UdevUnavailable("no udev in this test")
 
 
-def source(node, nvml=None, **kw):
+def source(node, nvml=None, udev=None, **kw):
     return hardware_source_from_options(
         sysfs_root=node.sysfs_root, dev_root=node.dev_root, proc_root=node.proc_root,
         nvml=nvml if nvml is not None else fake_nvml(node), node_name=node.spec.name,
-        monitor_factory=no_udev, debounce_s=0.02, **kw,
+        monitor_factory=udev if udev is not None else no_udev, debounce_s=0.02, **kw,
     )
 
 
@@ -109,7 +110,8 @@ def test_config_health_mapping_becomes_gpu_health_options(node):
 
 async def test_watch_merges_gpu_health_and_nic_hotplug(node):
     nvml = fake_nvml(node)
-    src = source(node, nvml=nvml, gpu_health=GpuHealthOptions(quiet_period_s=0.3, wait_timeout_ms=50))
+    udev = FakeUdev()
+    src = source(node, nvml=nvml, udev=udev, gpu_health=GpuHealthOptions(quiet_period_s=0.3, wait_timeout_ms=50))
     first = await asyncio.to_thread(src.load)
     published: list[NodeTopology] = []
     task = asyncio.create_task(src.watch(first, published.append))
@@ -119,7 +121,7 @@ async def test_watch_merges_gpu_health_and_nic_hotplug(node):
     # A NIC hot-plug meanwhile: the rescan must keep GPU3 unhealthy.
     eno2 = node.function("eno2").bdf
     os.unlink(os.path.join(node.sysfs_root, "bus", "pci", "devices", eno2))
-    src.inject_hotplug("remove", "pci", eno2)
+    udev.send("remove", "pci", eno2)
     await _until(lambda: eno2 not in {d.name for d in published[-1].nics})
     assert published[-1].device("GPU3").health == UNHEALTHY
     # And the GPU recovers after the quiet period.

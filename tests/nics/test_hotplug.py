@@ -1,4 +1,4 @@
-"""Hot-plug: injected udev events -> debounced rescans -> a new topology only when it changed."""
+"""Hot-plug: udev events (`topo_testkit.fake_udev`) -> debounced rescans -> a new topology only when it changed."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from allocator.topology import UNHEALTHY, NodeTopology
 from plugin.sources.hardware import HardwareOptions, HardwareSource
 from plugin.sources.udev_hotplug import HotplugEvent, HotplugWatcher, UdevMonitor, UdevUnavailable
+from topo_testkit.fake_udev import FakeMonitor, FakeUdev
 from topo_testkit.sysfs_fixture import NicCard, Vf, default_node, write_node
 
 T0 = NodeTopology.build([], {}, source="t0")
@@ -21,37 +22,6 @@ T0 = NodeTopology.build([], {}, source="t0")
 
 def no_udev(_subsystems):
     raise UdevUnavailable("no udev in this test")
-
-
-class FakeMonitor:
-    """A udev monitor stand-in: a pipe the test writes events into."""
-
-    def __init__(self, _subsystems):
-        self.r, self.w = os.pipe()
-        os.set_blocking(self.r, False)
-        self.pending: list[HotplugEvent] = []
-        self.lock = threading.Lock()
-
-    def fileno(self):
-        return self.r
-
-    def send(self, ev: HotplugEvent) -> None:
-        with self.lock:
-            self.pending.append(ev)
-        os.write(self.w, b"x")
-
-    def read(self):
-        try:
-            os.read(self.r, 4096)
-        except BlockingIOError:
-            pass
-        with self.lock:
-            out, self.pending = self.pending, []
-        return out
-
-    def close(self):
-        os.close(self.r)
-        os.close(self.w)
 
 
 class Counter:
@@ -93,10 +63,11 @@ async def test_event_burst_is_debounced_into_one_rescan():
     t1 = NodeTopology.build([], {}, source="t1")
     rescan = Counter([t1])
     published = []
-    w = HotplugWatcher(rescan, published.append, debounce_s=0.1, monitor_factory=no_udev, fallback_interval_s=60)
+    udev = FakeUdev()
+    w = HotplugWatcher(rescan, published.append, debounce_s=0.1, monitor_factory=udev, fallback_interval_s=60)
     task = await run_watcher(w)
     for i in range(20):
-        w.inject(("add", "pci", f"/devices/x/{i}"))
+        udev.send("add", "pci", f"/devices/x/{i}")
         await asyncio.sleep(0.005)
     await wait_for(lambda: rescan.calls == 1)
     await asyncio.sleep(0.25)
@@ -109,10 +80,11 @@ async def test_publishes_only_when_the_topology_changed():
     t1 = NodeTopology.build([], {}, source="t1")
     rescan = Counter([T0, t1, t1])
     published = []
-    w = HotplugWatcher(rescan, published.append, debounce_s=0.02, monitor_factory=no_udev, fallback_interval_s=60)
+    udev = FakeUdev()
+    w = HotplugWatcher(rescan, published.append, debounce_s=0.02, monitor_factory=udev, fallback_interval_s=60)
     task = await run_watcher(w)
     for n in (1, 2, 3):
-        w.inject(HotplugEvent("change", "net", "/x"))
+        udev.send("change", "net", "/x")
         await wait_for(lambda n=n: rescan.calls == n)
         await asyncio.sleep(0.05)
     assert published == [t1]
@@ -124,25 +96,27 @@ async def test_rescan_errors_keep_the_last_topology(caplog):
     t1 = NodeTopology.build([], {}, source="t1")
     rescan = Counter([RuntimeError("sysfs vanished"), t1])
     published = []
-    w = HotplugWatcher(rescan, published.append, debounce_s=0.02, monitor_factory=no_udev, fallback_interval_s=60)
+    udev = FakeUdev()
+    w = HotplugWatcher(rescan, published.append, debounce_s=0.02, monitor_factory=udev, fallback_interval_s=60)
     task = await run_watcher(w)
     with caplog.at_level(logging.ERROR):
-        w.inject(("remove", "pci"))
+        udev.send("remove", "pci")
         await wait_for(lambda: rescan.calls == 1)
         await asyncio.sleep(0.05)
     assert published == [] and w.current is T0
     assert "sysfs vanished" in caplog.text
-    w.inject(("add", "pci"))
+    udev.send("add", "pci")
     await wait_for(lambda: published == [t1])
     await stop(task)
 
 
 async def test_unrelated_events_are_ignored():
     rescan = Counter([T0])
-    w = HotplugWatcher(rescan, lambda t: None, debounce_s=0.01, monitor_factory=no_udev, fallback_interval_s=60)
+    udev = FakeUdev()
+    w = HotplugWatcher(rescan, lambda t: None, debounce_s=0.01, monitor_factory=udev, fallback_interval_s=60)
     task = await run_watcher(w)
-    w.inject(("add", "usb"))
-    w.inject(("frobnicate", "pci"))
+    udev.send("add", "usb")
+    udev.send("frobnicate", "pci")
     await asyncio.sleep(0.1)
     assert rescan.calls == 0
     await stop(task)
@@ -208,20 +182,20 @@ def test_the_real_udev_monitor_opens_where_libudev_is_installed():
 
 
 # -- with generated trees ----------------------------------------------------------
-def nic_source(node, **kw):
+def nic_source(node, udev=None, **kw):
     opts = HardwareOptions(sysfs_root=node.sysfs_root, dev_root=node.dev_root, proc_root=node.proc_root,
-                           gpus=False, node_name=node.spec.name, debounce_s=0.02, monitor_factory=no_udev,
-                           rescan_interval_s=60, **kw)
+                           gpus=False, node_name=node.spec.name, debounce_s=0.02,
+                           monitor_factory=udev if udev is not None else no_udev, rescan_interval_s=60, **kw)
     return HardwareSource(opts)
 
 
 async def test_new_vfs_appear_after_a_pci_add_event(node):
-    src = nic_source(node)
+    udev = FakeUdev()
+    src = nic_source(node, udev)
     first = await asyncio.to_thread(src.load)
     assert first.nics == node.topology.nics
     published = []
     task = asyncio.create_task(src.watch(first, published.append))
-    await asyncio.sleep(0.02)
     # `echo 6 > sriov_numvfs` on ens1f1: rewrite the tree with those VFs, then the kernel's events.
     spec = node.spec
     hb = spec.sockets[0].host_bridges[0]
@@ -233,8 +207,8 @@ async def test_new_vfs_appear_after_a_pci_add_event(node):
         spec.sockets[0].host_bridges[1])), spec.sockets[1]))
     node2 = write_node(spec2, node.root)
     for i in range(6):
-        src.inject_hotplug("add", "pci", f"/devices/pci0000:17/x/{i}")
-        src.inject_hotplug("add", "net")
+        udev.send("add", "pci", f"/devices/pci0000:17/x/{i}")
+        udev.send("add", "net")
     await wait_for(lambda: len(published) == 1)
     new = published[0]
     assert new.nics == node2.topology.nics
@@ -251,14 +225,14 @@ async def test_new_vfs_appear_after_a_pci_add_event(node):
 async def test_removed_nic_disappears(tmp_path):
     spec = default_node()
     node = write_node(spec, str(tmp_path))
-    src = nic_source(node)
+    udev = FakeUdev()
+    src = nic_source(node, udev)
     first = await asyncio.to_thread(src.load)
     published = []
     task = asyncio.create_task(src.watch(first, published.append))
-    await asyncio.sleep(0.02)
     eno2 = node.function("eno2").bdf
     os.unlink(os.path.join(node.sysfs_root, "bus", "pci", "devices", eno2))
-    src.inject_hotplug("remove", "pci", f"/devices/{eno2}")
+    udev.send("remove", "pci", f"/devices/{eno2}")
     await wait_for(lambda: len(published) == 1)
     assert eno2 not in {d.name for d in published[0].nics}
     assert len(published[0].nics) == len(first.nics) - 1

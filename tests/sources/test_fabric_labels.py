@@ -15,6 +15,7 @@ from plugin.sources.fabric_labels import CLIQUE_LABEL, FabricLabelFile, clique_o
 from plugin.sources.hardware import HardwareOptions, HardwareSource
 from plugin.sources.udev_hotplug import UdevUnavailable
 from topo_testkit import sysfs_fixture as sf
+from topo_testkit.fake_udev import FakeUdev
 
 CLUSTER = sf.NVL72_FABRIC.cluster_uuid
 
@@ -43,7 +44,7 @@ async def wait_for(pred, timeout=5.0):
         await asyncio.sleep(0.01)
 
 
-def gb200(tmp_path, fabric=sf.NVL72_FABRIC):
+def gb200(tmp_path, fabric=sf.NVL72_FABRIC, udev=None):
     node = sf.write_node(sf.gb200_cx7_node(fabric=fabric), str(tmp_path / "node"))
     fake = sf.fake_nvml(node)
     features = tmp_path / "features.d"
@@ -51,8 +52,8 @@ def gb200(tmp_path, fabric=sf.NVL72_FABRIC):
     path = str(features / "topo-device-plugin")
     src = HardwareSource(HardwareOptions(
         sysfs_root=node.sysfs_root, dev_root=node.dev_root, proc_root=node.proc_root, nvml=fake,
-        node_name=node.spec.name, debounce_s=0.02, monitor_factory=no_udev, rescan_interval_s=60,
-        fabric_labels_file=path))
+        node_name=node.spec.name, debounce_s=0.02, monitor_factory=udev if udev is not None else no_udev,
+        rescan_interval_s=60, fabric_labels_file=path))
     return src, fake, path
 
 
@@ -111,18 +112,19 @@ def test_an_unwritable_directory_is_a_warning_not_a_crash(tmp_path, caplog):
 
 
 async def test_a_rescan_that_sees_a_new_clique_rewrites_the_label(tmp_path):
-    src, fake, path = gb200(tmp_path)
+    udev = FakeUdev()
+    src, fake, path = gb200(tmp_path, udev=udev)
     first = await asyncio.to_thread(src.load)
     task = asyncio.create_task(src.watch(first, lambda _: None))
     try:
         await wait_for(lambda: src.watcher is not None and src.watcher.mode != "stopped")
         for g in fake.gpus:  # the rack was repartitioned: a new NVLink domain
             fake.set_fabric(g.device.name, FabricInfo(CLUSTER, 9))
-        src.inject_hotplug("change", "pci")
+        udev.send("change", "pci")
         await wait_for(lambda: labels(path).get(CLIQUE_LABEL) == f"{CLUSTER}.9")
         for g in fake.gpus:  # the fabric manager restarts: not set up yet
             fake.set_fabric(g.device.name, FabricInfo(CLUSTER, 9, "in-progress"))
-        src.inject_hotplug("change", "pci")
+        udev.send("change", "pci")
         await wait_for(lambda: not os.path.exists(path))
     finally:
         task.cancel()
@@ -132,7 +134,8 @@ async def test_a_rescan_that_sees_a_new_clique_rewrites_the_label(tmp_path):
 
 async def test_a_gpu_health_event_re_reads_the_fabric(tmp_path):
     """No udev event comes when the fabric changes; a GPU health event (an XID) asks for a rescan."""
-    src, fake, path = gb200(tmp_path)
+    udev = FakeUdev()
+    src, fake, path = gb200(tmp_path, udev=udev)
     first = await asyncio.to_thread(src.load)
     task = asyncio.create_task(src.watch(first, lambda _: None))
     try:

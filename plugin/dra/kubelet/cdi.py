@@ -1,7 +1,7 @@
 """CDI spec files for prepared claims: the interface the DRA side needs, and the writer behind it.
 
-The specs are built and written by the product's one CDI layer (`plugin.model.cdi`):
-`claim_spec` gives each device the same device nodes the device-plugin side
+The specs are built by the product's one CDI model (`plugin.model.cdi`) and written by its
+one CDI file writer (`plugin.cdi_files`): `claim_spec` gives each device the same device nodes the device-plugin side
 would inject for it, and `CdiSpecWriter` writes atomically (temporary file,
 fsync, rename, directory fsync). Two calls are all the driver needs:
 
@@ -49,10 +49,10 @@ from typing import Protocol
 from allocator.pairing import pair_weight
 from allocator.topology import Device, DeviceKind, NodeTopology
 
-from ...model.cdi import CdiOptions, CdiSpecWriter, claim_spec
+from ...cdi_files.writer import CdiSpecWriter, CdiWriteError
+from ...model.cdi import CdiOptions, claim_spec
 from ...model.cdi.spec import CdiDevice, CdiSpec, DeviceNode, Edits
 from ...model.cdi.toolkit import ToolkitSpecs
-from ...model.cdi.writer import CdiWriteError
 from ...model.nccl_env import nccl_env
 from ...errors import RuntimeFailure, shorten
 
@@ -125,7 +125,7 @@ def setting_env(name: str, settings: Mapping[str, str]) -> list[str]:
 
 
 class ClaimSpecs:
-    """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.model.cdi`."""
+    """Writes `<cdi_root>/<driver>-claim_<uid>.json` (kind `<driver>/claim`) through `plugin.cdi_files`."""
 
     def __init__(self, cdi_root: str, driver: str = "topo.dev", options: CdiOptions | None = None,
                  nccl_topology: Callable[[], NodeTopology] | None = None, toolkit: ToolkitSpecs | None = None):

@@ -1,13 +1,12 @@
-"""CDI specs written by us: the spec model, builders per resource, and an atomic writer.
+"""CDI specs written by us, as data: the spec model and the builders per resource.
 
-No gRPC and no daemon state here: `builders.spec_for_resource` turns a served
-`Resource` into a `spec.CdiSpec`, `writer.CdiSpecWriter` keeps the spec
-directory in step, and `builders.names_for` gives Allocate its CDI names.
+No gRPC, no daemon state and no file writing here: `builders.spec_for_resource` turns a served
+`Resource` into a `spec.CdiSpec` and `builders.names_for` gives Allocate its CDI names; the files
+are written by `plugin.cdi_files` (the atomic writer and the daemon's sync).
 """
 
 from .builders import CdiOptions, claim_spec, gpu_spec, mig_spec, names_for, nic_spec, spec_for, spec_for_resource
 from .spec import CDI_VERSION, DEFAULT_SPEC_DIR, CdiDevice, CdiError, CdiSpec, DeviceNode, Edits, kind_for_resource
-from .writer import CdiSpecWriter, CdiWriteError, SyncResult
 
 __all__ = [
     "CDI_VERSION",
@@ -16,11 +15,8 @@ __all__ = [
     "CdiError",
     "CdiOptions",
     "CdiSpec",
-    "CdiSpecWriter",
-    "CdiWriteError",
     "DeviceNode",
     "Edits",
-    "SyncResult",
     "claim_spec",
     "gpu_spec",
     "kind_for_resource",

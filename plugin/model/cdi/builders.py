@@ -31,7 +31,7 @@ one CDI device per *physical* device behind the resource's IDs:
   carries it as before.
 
 The wiring phase: `spec_for_resource(resource, options)` for every resource,
-handed to `writer.CdiSpecWriter.sync`, and `names_for(spec, ids)` in
+handed to `plugin.cdi_files.CdiSpecWriter.sync`, and `names_for(spec, ids)` in
 Allocate for `cdi-cri`/`cdi-annotations`.
 """
 

@@ -21,8 +21,8 @@ import logging
 from collections.abc import Iterable
 from typing import Protocol
 
-from ...errors import RuntimeFailure
-from .spec import CdiSpec
+from ..errors import RuntimeFailure
+from ..model.cdi.spec import CdiSpec
 from .writer import CdiSpecWriter, CdiWriteError
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .spec import DEFAULT_SPEC_DIR, VENDOR_PREFIX, CdiSpec
+from ..model.cdi.spec import DEFAULT_SPEC_DIR, VENDOR_PREFIX, CdiSpec
 
 log = logging.getLogger(__name__)
 
