@@ -133,3 +133,28 @@ def test_one_cache_directory_variable():
              and p.name != "test_first_contact.py"]
     assert not other, f"use TOPO_DP_CACHE_DIR: {other}"
     assert any("TOPO_DP_CACHE_DIR" in p.read_text() for p in users)
+
+
+def _transcript_pattern(line: str) -> re.Pattern[str]:
+    """A README transcript line as a pattern: `X-...` is a shortened ID, the temp dir and the
+    milliseconds change every run; everything else is as printed."""
+    text = re.escape(line)
+    text = text.replace(re.escape("..."), r"[^\s,']*")
+    text = re.sub(r"topo\\-dp\\-demo\\-\S+?/", r"topo-dp-demo-[^/]+/", text)
+    text = re.sub(r"registered\\ in\\ \d+\\ ms", r"registered in \\d+ ms", text)
+    return re.compile(text)
+
+
+def test_readme_demo_transcript_is_what_the_demo_prints():
+    # issue 33 (new user pass): the README's "What it shows" lacked the resource prefix of the
+    # GetPreferredAllocation line and listed the registrations in an order the demo did not keep.
+    section = README.read_text().split("What it shows", 1)[1]
+    block = section.split("```\n", 1)[1].split("```", 1)[0]
+    wanted = [line for line in block.splitlines() if line.strip() and line.strip() != "..."]
+    proc = subprocess.run([sys.executable, "-m", "plugin", "demo"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    printed = iter(proc.stdout.splitlines())
+    for line in wanted:  # in order; lines the README leaves out may come between
+        pattern = _transcript_pattern(line)
+        assert any(pattern.fullmatch(got) for got in printed), f"README line not printed (in order): {line!r}"
