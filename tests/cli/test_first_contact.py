@@ -127,6 +127,26 @@ def test_a_failing_install_shows_pips_output_and_fails(tmp_path):
     assert "pip: no network" in proc.stderr and ".venv/install.log" in proc.stderr
 
 
+def test_an_interrupted_first_install_is_made_again(tmp_path):
+    # issue 33 (new user pass): a first demo.sh stopped while venv installed pip left a .venv
+    # without it, and every later run failed with "No module named pip".
+    fake = tmp_path / "fake-python"
+    fake.write_text(_FAKE_PYTHON.rsplit("exit 0\n", 1)[0] + 'if [ "$1 $2 $3" = "-m pip --version" ] && '
+                    '[ -e "$(dirname "$0")/../NO_PIP" ]; then exit 1; fi\n'
+                    'if [ "$1 $2 $3" = "-m venv --clear" ]; then rm -f "$4/NO_PIP"; fi\nexit 0\n')
+    fake.chmod(0o755)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_bytes(fake.read_bytes())
+    (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
+    (tmp_path / ".venv" / "NO_PIP").write_text("")  # the venv an interrupted `python3 -m venv` left
+    proc = _install(tmp_path, "")
+    assert proc.returncode == 0, proc.stderr
+    assert ".venv has no pip" in proc.stderr and "making it again" in proc.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert "-m venv --clear .venv" in calls and any(c.startswith("-m pip install") and "-e" in c for c in calls)
+
+
 def test_one_cache_directory_variable():
     users = [p for pattern in ("scripts/*.sh", "tests/**/*.sh", "tests/**/*.py") for p in ROOT.glob(pattern)]
     other = [str(p.relative_to(ROOT)) for p in users if re.search(r"TOPO_DP_CACHE(?!_DIR)", p.read_text())
