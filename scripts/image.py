@@ -68,11 +68,17 @@ def default_archive() -> Path:
     return ROOT / f"topo-device-plugin-{app_version()}.tar"
 
 
-def run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+#: What to do when a builder's build step fails: its own error is above; the usual first-day cause
+#: is a machine that cannot pull the Dockerfile's base image.
+BUILD_FIX = ("fix: read the builder's error above; if it could not pull python:3.11-slim-bookworm (no registry "
+             "access), build on a local Debian base instead: sudo python3 scripts/image.py build --tool offline")
+
+
+def run(cmd: list[str], what: str, cwd: Path | None = None, fix: str = "") -> None:
     print("+ " + " ".join(cmd), file=sys.stderr)
     proc = subprocess.run(cmd, cwd=cwd)
     if proc.returncode != 0:
-        raise Failure(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}")
+        raise Failure(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}" + (f" ({fix})" if fix else ""))
 
 
 def works(tool: str) -> bool:
@@ -111,13 +117,13 @@ def ca_mount() -> list[str]:
 def build(tool: str, ref: str, archive: Path) -> None:
     """Build the Dockerfile as `ref` and write it to `archive` (docker's save format, or OCI)."""
     if tool == "docker":
-        run(["docker", "build", "-t", ref, *build_args(), "."], "docker build", cwd=ROOT)
+        run(["docker", "build", "-t", ref, *build_args(), "."], "docker build", cwd=ROOT, fix=BUILD_FIX)
         run(["docker", "save", ref, "-o", str(archive)], "docker save")
     elif tool == "podman":
-        run(["podman", "build", "-t", ref, *build_args(), *ca_mount(), "."], "podman build", cwd=ROOT)
+        run(["podman", "build", "-t", ref, *build_args(), *ca_mount(), "."], "podman build", cwd=ROOT, fix=BUILD_FIX)
         run(["podman", "save", "--format", "oci-archive", "-o", str(archive), ref], "podman save")
     elif tool == "buildah":
-        run(["buildah", "bud", "-t", ref, *build_args(), *ca_mount(), "."], "buildah bud", cwd=ROOT)
+        run(["buildah", "bud", "-t", ref, *build_args(), *ca_mount(), "."], "buildah bud", cwd=ROOT, fix=BUILD_FIX)
         run(["buildah", "push", ref, f"oci-archive:{archive}:{ref}"], "buildah push")
     else:
         sys.path.insert(0, str(HERE))
@@ -169,19 +175,29 @@ def load(target: str, archive: Path, name: str, address: str, hosts: list[str]) 
                 f"import on {host}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (a function of its own so the tests can check every option's help)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the image and write it to an archive")
-    b.add_argument("--tool", choices=("auto", *TOOLS, "offline"), default="auto")
+    b.add_argument("--tool", choices=("auto", *TOOLS, "offline"), default="auto",
+                   help="auto (default): docker if its engine answers, else podman, else buildah; "
+                        "offline: no registry needed (Debian, root)")
     b.add_argument("--tag", default=None, help="image name (default: the chart's, %s:<appVersion>)" % REPOSITORY)
     b.add_argument("--output", type=Path, default=None, help="archive path (default: ./topo-device-plugin-<ver>.tar)")
     ld = sub.add_parser("load", help="load the archive into kind, this machine's containerd, or nodes over ssh")
-    ld.add_argument("target", choices=("kind", "containerd", "ssh"))
+    ld.add_argument("target", choices=("kind", "containerd", "ssh"),
+                    help="kind: every node of a kind cluster; containerd: this machine's; ssh: the named hosts'")
     ld.add_argument("hosts", nargs="*", help="ssh: the nodes")
-    ld.add_argument("--archive", type=Path, default=None)
+    ld.add_argument("--archive", type=Path, default=None,
+                    help="the archive `build` wrote (default: ./topo-device-plugin-<ver>.tar)")
     ld.add_argument("--name", default="kind", help="kind: the cluster's name")
     ld.add_argument("--address", default="/run/containerd/containerd.sock", help="containerd: its socket")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_args(argv)
     try:
         if a.command == "build":

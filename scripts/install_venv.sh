@@ -6,7 +6,14 @@
 install_venv() {
     local extra=$1 spec=. python=${PYTHON:-python3}
     [ -n "$extra" ] && spec=".[$extra]"
-    [ -x .venv/bin/python ] || "$python" -m venv .venv
+    if [ ! -x .venv/bin/python ]; then
+        "$python" -m venv .venv
+    elif ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+        # A first run stopped while venv was still installing pip leaves a .venv without it, and
+        # every later run would fail on `No module named pip`: make it again.
+        echo ".venv has no pip (an earlier install was interrupted?): making it again" >&2
+        "$python" -m venv --clear .venv
+    fi
     local want stamp=.venv/.topo-installed
     want="$(sha256sum pyproject.toml | cut -d' ' -f1) $spec"
     if [ -f "$stamp" ] && grep -qxF "$want" "$stamp" && .venv/bin/python -c 'import plugin' 2>/dev/null; then

@@ -10,7 +10,6 @@ the one the kubelet would receive.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from allocator.scoring import evaluate, rank
 from allocator.topology import DeviceGraph, NodeTopology
 
 from ..model.resources import Resource, build_resources
+from .json_keys import dumps
 from .options import Settings, option, resource_options, with_settings
 from .routing import Command
 from .typed import make_source
@@ -291,9 +291,11 @@ def allocate(settings: Settings, size: int, available_opt: tuple[str, ...], must
     }
     if isinstance(result, SharedAllocation):
         data["parents"] = list(result.parents)
-        data["criteria"] = dict(zip(SHARED_CRITERIA[policy_name], _shared_values(policy_name, result.criteria)))
+        # A list of {name, value}: the names are sentences for people, not field names (json_keys).
+        data["criteria"] = [{"name": n, "value": v} for n, v in
+                            zip(SHARED_CRITERIA[policy_name], _shared_values(policy_name, result.criteria))]
     if fmt == "json":
-        click.echo(json.dumps(data, indent=2))
+        click.echo(dumps(data))
         return
     click.echo(render_allocate(data))
 
@@ -321,7 +323,7 @@ def _shared_values(policy: str, criteria: tuple) -> list[Any]:
 
 
 def render_shared(data: dict[str, Any]) -> list[str]:
-    lines = [f"  {label}: {value}" for label, value in data["criteria"].items() if label != "NUMA span"]
+    lines = [f"  {c['name']}: {c['value']}" for c in data["criteria"] if c["name"] != "NUMA span"]
     lines.insert(0, f"  on: {', '.join(data['parents'])}")
     lines.append(f"  optimal: {'yes (proven)' if data['optimal'] else 'not proven within the time budget'}")
     lines.append(f"Why: {_SHARED_WHY[data['policy']]}")

@@ -15,6 +15,7 @@ import asyncio
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 
 import click
 
@@ -61,8 +62,12 @@ async def _transcript(settings: Settings, kubelet: KubeletStandin, tmp: str, hol
                 "(the daemon's log above says why)")
         await kubelet.wait_for(lambda: all(kubelet.devices(n) for n in names), timeout=15)
         if names:
+            # In the daemon's resource order, not arrival order (the servers register concurrently):
+            # the same line every run, as the README shows it.
+            regs = sorted(kubelet.registrations, key=lambda r: names.index(r.resource) if r.resource in names
+                          else len(names))
             out(f"registered in {1000 * (time.monotonic() - started):.0f} ms: "
-                + ", ".join(f"{r.resource} (endpoint {r.endpoint})" for r in kubelet.registrations))
+                + ", ".join(f"{r.resource} (endpoint {r.endpoint})" for r in regs))
         for name in names:
             devs = kubelet.devices(name)
             out(f"\n{name}: {plural(len(devs), 'device')} from ListAndWatch")
@@ -108,6 +113,12 @@ async def _transcript(settings: Settings, kubelet: KubeletStandin, tmp: str, hol
     return code
 
 
+def _in_order(ids: Sequence[str], listed: list[str]) -> tuple[str, ...]:
+    """`ids` in the order ListAndWatch listed them (unknown IDs last)."""
+    pos = {d: i for i, d in enumerate(listed)}
+    return tuple(sorted(ids, key=lambda d: pos.get(d, len(pos))))
+
+
 async def _paired_pod(daemon: Daemon, kubelet: KubeletStandin, gpu: str, nic: str, taken: list[str],
                       out) -> None:
     """Another container, asking GPUs and NICs, walked as the kubelet does (its GPUs first here):
@@ -118,6 +129,9 @@ async def _paired_pod(daemon: Daemon, kubelet: KubeletStandin, gpu: str, nic: st
     dm = StandinDeviceManager(kubelet, shuffle_resources=False)
     dm.in_use[gpu] = set(taken)
     got = (await dm.admit(pod("demo", {gpu: n, nic: n})))["main"]
+    # The kubelet hands a container its devices as a set: shown in the node's device order, so the
+    # transcript is the same every run (the README quotes it).
+    got = {r: _in_order(ids, list(kubelet.devices(r))) for r, ids in got.items()}
     out(f"\nA container asking {n} GPUs and {n} NICs (the kubelet asks for one resource, then the other): "
         f"{gpu} {', '.join(got[gpu])}, {nic} {', '.join(got[nic])}")
     pairs = daemon.pairing.index.match(gpu, list(got[gpu]), {nic: got[nic]})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import click
 import yaml
@@ -12,6 +11,7 @@ from ..model.render import render_dot, render_table, to_data
 from ..model.resources import build_resources
 from ..sources import builtin_names
 from ..sources.simulated import builtin_text
+from .json_keys import camel_keys, dumps
 from .options import Settings, option, resource_options, with_settings
 from .routing import Command
 from .typed import make_source
@@ -35,7 +35,7 @@ def discover(settings: Settings, fmt: str, list_builtins: bool) -> None:
         names = builtin_names()
         if fmt in ("json", "yaml"):
             rows = [{"name": n, "description": builtin_description(n)} for n in names]
-            click.echo(json.dumps(rows, indent=2) if fmt == "json" else yaml.safe_dump(rows, sort_keys=False),
+            click.echo(dumps(rows) if fmt == "json" else yaml.safe_dump(rows, sort_keys=False),
                        nl=fmt == "json")
             return
         width = max(map(len, names), default=0)
@@ -46,9 +46,9 @@ def discover(settings: Settings, fmt: str, list_builtins: bool) -> None:
     topology = source.load()
     resources = build_resources(topology, resource_options(settings))
     if fmt == "json":
-        click.echo(json.dumps(to_data(topology, resources), indent=2))
-    elif fmt == "yaml":
-        click.echo(yaml.safe_dump(to_data(topology, resources), sort_keys=False), nl=False)
+        click.echo(dumps(to_data(topology, resources)))
+    elif fmt == "yaml":  # the same keys as the JSON (device attributes camelCase too)
+        click.echo(yaml.safe_dump(camel_keys(to_data(topology, resources)), sort_keys=False), nl=False)
     elif fmt == "dot":
         click.echo(render_dot(topology), nl=False)
     else:

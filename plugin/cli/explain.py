@@ -16,7 +16,6 @@ would refuse (an unknown policy option, too many NUMA nodes): exit 2.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,6 +51,7 @@ from .allocate import (
     parse_partners,
     run_policy,
 )
+from .json_keys import dumps
 from .options import Settings, option, with_settings
 from .routing import Command
 
@@ -420,7 +420,7 @@ def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[s
     data = report_data(result, resources, topology.source, trace)
     data["in_use"] = in_use
     if fmt == "json":
-        click.echo(json.dumps(data, indent=2))
+        click.echo(dumps(data))
     else:
         click.echo(render_explain(data))
     if fail_on_reject and not result.admitted:

@@ -9,7 +9,6 @@ Imported only with `--cluster` (lightkube).
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import click
@@ -17,6 +16,7 @@ import click
 from ..errors import InputError, RuntimeFailure
 from ..inputs.yaml_input import YamlProblem, load, read_text
 from ..nrt.cluster import NodeVerdict, PodSpecError, cluster_verdicts, pod_from_spec
+from .json_keys import dumps
 
 
 def read_pod(path: str) -> Any:
@@ -68,10 +68,15 @@ def render(verdicts: list[NodeVerdict]) -> str:
     return "\n".join(lines)
 
 
+def verdicts_json(verdicts: list[NodeVerdict]) -> str:
+    """`--format json`: `{"nodes": [...]}`, camelCase like every command's JSON (json_keys)."""
+    return dumps({"nodes": [v.to_dict() for v in verdicts]})
+
+
 def explain_cluster(kubeconfig: str, pod: Any, fmt: str, fail_on_reject: bool) -> None:
     verdicts = cluster_verdicts(asyncio.run(_objects(kubeconfig)), pod)
     if fmt == "json":
-        click.echo(json.dumps({"nodes": [v.to_dict() for v in verdicts]}, indent=2))
+        click.echo(verdicts_json(verdicts))
     else:
         click.echo(render(verdicts))
     if fail_on_reject and not any(v.admit for v in verdicts):

@@ -20,7 +20,8 @@ from .routing import Command
 DEFAULT_STATE_DIRECTORY = "/var/lib/topo-device-plugin"
 
 
-@click.command(cls=Command, examples=("topo-device-plugin health clear --gpu GPU3 --state-dir /var/lib/topo-device-plugin",))
+@click.command(cls=Command, examples=("topo-device-plugin health clear --gpu GPU3 --state-dir /var/lib/topo-device-plugin",),
+               arguments={"action": "clear: the named GPUs are fixed (the daemon drops their faults at once)"})
 @click.argument("action", type=click.Choice(["clear"]))
 @click.option("--gpu", "gpus", multiple=True, required=True, metavar="GPU", envvar="TOPO_DP_GPU",
               help="A GPU UUID, its name as `discover` prints it (GPU3), or `all`; repeatable.")

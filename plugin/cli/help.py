@@ -28,10 +28,14 @@ ENV_NOTE = ("Every option also reads the environment variable TOPO_DP_<OPTION> (
 class SectionedCommand(click.Command):
     """A click command whose help lists its own options, then the declared node/daemon options, then examples."""
 
-    def __init__(self, *args: Any, examples: Sequence[str] = (), **kwargs: Any):
+    def __init__(self, *args: Any, examples: Sequence[str] = (), arguments: dict[str, str] | None = None,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         #: Shell lines shown under "Example" (one per command is the rule).
         self.examples = tuple(examples)
+        #: What each positional argument means (click arguments take no help; without this the help
+        #: listed `{clear}` with nothing beside it).
+        self.arguments = dict(arguments or {})
 
     def get_short_help_str(self, limit: int = 45) -> str:
         """The first paragraph of the help, whole: the top-level list wraps it instead of cutting it."""
@@ -46,10 +50,16 @@ class SectionedCommand(click.Command):
         shared = self._shared()
         own: list[tuple[str, str]] = []
         node: list[tuple[str, str]] = []
+        args: list[tuple[str, str]] = []
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
-            if record is not None:
+            if isinstance(param, click.Argument):
+                args.append((record[0] if record else param.make_metavar(ctx), self.arguments.get(param.name or "", "")))
+            elif record is not None:
                 (node if param.name in shared else own).append(record)
+        if args:
+            with formatter.section("Arguments"):
+                formatter.write_dl(args)
         if own:
             with formatter.section("Options"):
                 formatter.write_dl(own)

@@ -25,15 +25,15 @@ def run_json(*args: str, base=BASE) -> dict:
 def test_default_request_takes_one_numa_node():
     data = run_json("--size", "4")
     assert data["resource"] == "nvidia.com/gpu" and data["policy"] == "numa-first"
-    assert data["span"] == 1 and len(data["numa_nodes"]) == 1
+    assert data["span"] == 1 and len(data["numaNodes"]) == 1
     assert len(data["ids"]) == 4 and data["optimal"] is True
     assert data["request"]["available"] == [str(i) for i in range(8)]
 
 
 def test_must_include_is_honoured_and_span_minimised():
     data = run_json("--size", "3", "--available", "2,3,4,5,6", "--must-include", "4")
-    assert "4" in data["ids"] and data["numa_nodes"] == [1] and data["span"] == 1
-    assert data["runner_up"]["reason"].startswith("NUMA span 1 vs 2")
+    assert "4" in data["ids"] and data["numaNodes"] == [1] and data["span"] == 1
+    assert data["runnerUp"]["reason"].startswith("NUMA span 1 vs 2")
 
 
 def test_text_output_shows_span_scores_and_why():
@@ -120,7 +120,7 @@ def test_partners_change_the_answer_and_the_why_names_the_pairing():
     assert data["ids"] == ["mlx5_2", "mlx5_6"] and data["pairing"] == 100
     assert [(p["device"], p["partner"], p["link"]) for p in data["pairs"]] == [
         ("mlx5_2", "nvidia.com/gpu=2", "PIX"), ("mlx5_6", "nvidia.com/gpu=6", "PIX")]
-    assert data["runner_up"]["reason"].startswith("pairing X(S,P) 100 vs")
+    assert data["runnerUp"]["reason"].startswith("pairing X(S,P) 100 vs")
 
 
 def test_gpus_with_nic_partners():

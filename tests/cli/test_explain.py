@@ -37,9 +37,9 @@ def test_restricted_rejects_with_topology_affinity_error():
     assert data["admit"] is False
     assert data["reason"] == "TopologyAffinityError" and data["message"] == REJECT_MESSAGE
     (merge,) = data["merges"]
-    assert merge["best_hint"] == {"affinity": [0, 1], "preferred": False}
+    assert merge["bestHint"] == {"affinity": [0, 1], "preferred": False}
     (gpu,) = merge["resources"]
-    assert gpu["min_affinity_size"] == 1
+    assert gpu["minAffinitySize"] == 1
     assert gpu["hints"] == [{"affinity": [0, 1], "preferred": False}]
     assert data["allocations"] == []
 
@@ -53,11 +53,11 @@ def test_best_effort_admits_across_both_nodes_and_shows_the_devices():
 
     data = run_json("--policy", "best-effort", "--request", "nvidia.com/gpu=4", "--allocated", "0,1,4,5")
     assert data["admit"] is True and data["reason"] == ""
-    assert data["merges"][0]["best_hint"] == {"affinity": [0, 1], "preferred": False}
+    assert data["merges"][0]["bestHint"] == {"affinity": [0, 1], "preferred": False}
     (alloc,) = data["allocations"]
     assert sorted(alloc["devices"]) == ["2", "3", "6", "7"]
-    assert alloc["numa_span"] == [0, 1]
-    assert alloc["case"] == "B" and alloc["preferred_call"] is None
+    assert alloc["numaSpan"] == [0, 1]
+    assert alloc["case"] == "B" and alloc["preferredCall"] is None
     assert alloc["score"] > 0
 
 
@@ -88,26 +88,26 @@ def test_single_numa_node_versus_restricted(request_, allocated, restricted, sin
     assert r["admit"] is restricted
     assert s["admit"] is single
     if single:
-        assert len(s["allocations"][0]["numa_span"]) == 1
+        assert len(s["allocations"][0]["numaSpan"]) == 1
 
 
 def test_single_numa_node_picks_the_node_the_plugin_answer_is_kept_on():
     data = run_json("--policy", "single-numa-node", "--request", "nvidia.com/gpu=2", "--allocated", "0,1,2")
-    assert data["merges"][0]["best_hint"] == {"affinity": [1], "preferred": True}
+    assert data["merges"][0]["bestHint"] == {"affinity": [1], "preferred": True}
     (alloc,) = data["allocations"]
     # Case A: 4 aligned for 2 needed, the plugin is asked among node 1 only.
     assert alloc["case"] == "A"
-    assert alloc["preferred_call"]["available"] == ["4", "5", "6", "7"]
-    assert alloc["preferred_call"]["size"] == 2
-    assert alloc["numa_span"] == [1]
+    assert alloc["preferredCall"]["available"] == ["4", "5", "6", "7"]
+    assert alloc["preferredCall"]["size"] == 2
+    assert alloc["numaSpan"] == [1]
 
 
 def test_gpus_and_nics_must_share_a_node():
     data = run_json("--policy", "single-numa-node", "--request", "nvidia.com/gpu=2", "--request", "topo.dev/nic=1",
                     "--allocated", "topo.dev/nic=mlx5_4,mlx5_5,mlx5_6,mlx5_7")
     assert data["admit"] is True
-    assert data["merges"][0]["best_hint"]["affinity"] == [0]
-    assert {a["resource"]: a["numa_span"] for a in data["allocations"]} == {
+    assert data["merges"][0]["bestHint"]["affinity"] == [0]
+    assert {a["resource"]: a["numaSpan"] for a in data["allocations"]} == {
         "nvidia.com/gpu": [0], "topo.dev/nic": [0]
     }
 
@@ -128,7 +128,7 @@ def test_policy_none_admits_without_merging():
     data = run_json("--policy", "none", "--request", "nvidia.com/gpu=2")
     assert data["admit"] is True and data["merges"] == []
     (alloc,) = data["allocations"]
-    assert alloc["preferred_call"]["available"] == [str(i) for i in range(8)]
+    assert alloc["preferredCall"]["available"] == [str(i) for i in range(8)]
     assert len(alloc["devices"]) == 2
     res = run("--policy", "none", "--request", "nvidia.com/gpu=2")
     assert "Policy none" in res.output and "ADMITTED" in res.output
@@ -137,7 +137,7 @@ def test_policy_none_admits_without_merging():
 def test_prefer_closest_numa_nodes_option_is_accepted_and_reported():
     data = run_json("--policy", "best-effort", "--request", "nvidia.com/gpu=2",
                     "--policy-option", "prefer-closest-numa-nodes=true")
-    assert data["policy_options"] == {"prefer-closest-numa-nodes": "true"}
+    assert data["policyOptions"] == {"prefer-closest-numa-nodes": "true"}
     assert data["admit"] is True
 
 
@@ -225,8 +225,8 @@ def test_a_container_asking_gpus_and_nics_gets_them_paired():
     assert "partners (this container's earlier Allocates): nvidia.com/gpu=1,2" in res.output
     data = json.loads(CliRunner().invoke(explain, [*args, "--format", "json"]).output)
     gpu, nic = data["allocations"]
-    assert gpu["preferred_call"]["partners"] == {}
-    assert nic["preferred_call"]["partners"] == {"nvidia.com/gpu": gpu["devices"]}
+    assert gpu["preferredCall"]["partners"] == {}
+    assert nic["preferredCall"]["partners"] == {"nvidia.com/gpu": gpu["devices"]}
     # GPU1's PIX NIC is taken: GPU2 gets its PIX NIC, GPU1 the best left on its NUMA node.
     assert sorted((p["device"], p["link"]) for p in data["pairs"]["main"]) == [("1", "NODE"), ("2", "PIX")]
 
@@ -235,8 +235,8 @@ def test_with_seeds_the_partners_and_window_zero_turns_pairing_off():
     base = [*H100, "--policy", "none", "--request", "topo.dev/nic=1", "--format", "json"]
     paired = json.loads(CliRunner().invoke(explain, [*base, "--with", "nvidia.com/gpu=6"]).output)
     (alloc,) = paired["allocations"]
-    assert alloc["devices"] == ["mlx5_6"] and alloc["preferred_call"]["pairs"][0]["link"] == "PIX"
+    assert alloc["devices"] == ["mlx5_6"] and alloc["preferredCall"]["pairs"][0]["link"] == "PIX"
     off = json.loads(CliRunner().invoke(explain, [*base, "--with", "nvidia.com/gpu=6",
                                                   "--pairing-window-ms", "0"]).output)
     (alloc,) = off["allocations"]
-    assert alloc["devices"] != ["mlx5_6"] and alloc["preferred_call"]["partners"] == {}
+    assert alloc["devices"] != ["mlx5_6"] and alloc["preferredCall"]["partners"] == {}

@@ -127,9 +127,54 @@ def test_a_failing_install_shows_pips_output_and_fails(tmp_path):
     assert "pip: no network" in proc.stderr and ".venv/install.log" in proc.stderr
 
 
+def test_an_interrupted_first_install_is_made_again(tmp_path):
+    # issue 33 (new user pass): a first demo.sh stopped while venv installed pip left a .venv
+    # without it, and every later run failed with "No module named pip".
+    fake = tmp_path / "fake-python"
+    fake.write_text(_FAKE_PYTHON.rsplit("exit 0\n", 1)[0] + 'if [ "$1 $2 $3" = "-m pip --version" ] && '
+                    '[ -e "$(dirname "$0")/../NO_PIP" ]; then exit 1; fi\n'
+                    'if [ "$1 $2 $3" = "-m venv --clear" ]; then rm -f "$4/NO_PIP"; fi\nexit 0\n')
+    fake.chmod(0o755)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_bytes(fake.read_bytes())
+    (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
+    (tmp_path / ".venv" / "NO_PIP").write_text("")  # the venv an interrupted `python3 -m venv` left
+    proc = _install(tmp_path, "")
+    assert proc.returncode == 0, proc.stderr
+    assert ".venv has no pip" in proc.stderr and "making it again" in proc.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert "-m venv --clear .venv" in calls and any(c.startswith("-m pip install") and "-e" in c for c in calls)
+
+
 def test_one_cache_directory_variable():
     users = [p for pattern in ("scripts/*.sh", "tests/**/*.sh", "tests/**/*.py") for p in ROOT.glob(pattern)]
     other = [str(p.relative_to(ROOT)) for p in users if re.search(r"TOPO_DP_CACHE(?!_DIR)", p.read_text())
              and p.name != "test_first_contact.py"]
     assert not other, f"use TOPO_DP_CACHE_DIR: {other}"
     assert any("TOPO_DP_CACHE_DIR" in p.read_text() for p in users)
+
+
+def _transcript_pattern(line: str) -> re.Pattern[str]:
+    """A README transcript line as a pattern: `X-...` is a shortened ID, the temp dir and the
+    milliseconds change every run; everything else is as printed."""
+    text = re.escape(line)
+    text = text.replace(re.escape("..."), r"[^\s,']*")
+    text = re.sub(r"topo\\-dp\\-demo\\-\S+?/", r"topo-dp-demo-[^/]+/", text)
+    text = re.sub(r"registered\\ in\\ \d+\\ ms", r"registered in \\d+ ms", text)
+    return re.compile(text)
+
+
+def test_readme_demo_transcript_is_what_the_demo_prints():
+    # issue 33 (new user pass): the README's "What it shows" lacked the resource prefix of the
+    # GetPreferredAllocation line and listed the registrations in an order the demo did not keep.
+    section = README.read_text().split("What it shows", 1)[1]
+    block = section.split("```\n", 1)[1].split("```", 1)[0]
+    wanted = [line for line in block.splitlines() if line.strip() and line.strip() != "..."]
+    proc = subprocess.run([sys.executable, "-m", "plugin", "demo"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    printed = iter(proc.stdout.splitlines())
+    for line in wanted:  # in order; lines the README leaves out may come between
+        pattern = _transcript_pattern(line)
+        assert any(pattern.fullmatch(got) for got in printed), f"README line not printed (in order): {line!r}"

@@ -132,3 +132,23 @@ def test_top_level_help_shows_each_summary_whole():
     for name, command in cli.commands.items():
         summary = " ".join(command.help.split("\n\n")[0].split())
         assert f"{name} {summary}" in flat, (name, summary)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_and_argument_says_what_it_is(command):
+    # issue 33: `health --help` listed `{clear}` with nothing beside it. Each entry of every command's
+    # help has words next to its name.
+    import click
+
+    cmd = cli.commands[command]
+    ctx = click.Context(cmd, info_name=command)
+    bare = []
+    for param in cmd.get_params(ctx):
+        if isinstance(param, click.Argument):
+            text = getattr(cmd, "arguments", {}).get(param.name or "", "")
+        else:
+            record = param.get_help_record(ctx)
+            text = record[1] if record else "hidden"
+        if not text.strip():
+            bare.append(param.name)
+    assert bare == [], f"{command} --help: no description for {bare}"

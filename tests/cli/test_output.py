@@ -93,7 +93,7 @@ def test_explain_reads_its_own_options_from_the_environment():
     proc = run("explain", "--simulate", "dgx-a100", env=env)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["policy"] == "single-numa-node" and data["in_use"] == {"nvidia.com/gpu": ["0", "1"]}
+    assert data["policy"] == "single-numa-node" and data["inUse"] == {"nvidia.com/gpu": ["0", "1"]}
 
 
 def test_a_bad_value_from_the_environment_names_the_variable():

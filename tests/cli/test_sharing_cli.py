@@ -51,7 +51,7 @@ def test_allocate_explains_a_replica_answer(tmp_path):
     data = json.loads(run("allocate", "--simulate", "dgx-a100", "--config", str(cfg), "--device-id-strategy",
                           "index", "--resource", "nvidia.com/gpu.shared", "--size", "3", "--format", "json"))
     assert data["policy"] == "replicas" and len(set(data["parents"])) == 3
-    assert data["criteria"]["distinct GPUs"] == 3
+    assert {c["name"]: c["value"] for c in data["criteria"]}["distinct GPUs"] == 3
 
 
 def test_allocate_explains_a_mig_answer():
@@ -60,7 +60,7 @@ def test_allocate_explains_a_mig_answer():
                           "--format", "json"))
     # 3 on one GPU: GPU0 has 1 free, GPU6 2: the fullest GPU that fits is a 7-slot one, on NUMA 0 (lowest order)
     assert data["ids"] == ["1:0", "1:1", "1:2"] and data["parents"] == ["1"]
-    assert data["criteria"]["GPUs"] == 1
+    assert {c["name"]: c["value"] for c in data["criteria"]}["GPUs"] == 1
 
 
 def test_demo_shows_mig_resources_and_the_cdi_specs_it_wrote():

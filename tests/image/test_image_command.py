@@ -6,6 +6,7 @@ chosen and what it is told); the offline path's real build and import are in tes
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -74,6 +75,24 @@ def test_no_builder_says_what_to_install(tmp_path):
     assert proc.returncode == 2
     assert "no image builder here: install docker (with its engine), podman or buildah" in proc.stderr
     assert "--tool offline" in proc.stderr
+
+
+def test_a_build_that_cannot_pull_its_base_names_the_offline_build(tmp_path):
+    # A machine without registry access: podman's build fails (as it does here, exit 125) and the
+    # message says what to do next, not only which command failed.
+    _tools(tmp_path, "podman")
+    (tmp_path / "bin" / "podman").write_text('#!/bin/sh\necho "Error: pinging container registry" >&2\nexit 125\n')
+    proc, _ = _run(tmp_path, "build", "--output", str(tmp_path / "x.tar"))
+    assert proc.returncode == 1
+    assert "podman build failed (exit 125)" in proc.stderr
+    assert "sudo python3 scripts/image.py build --tool offline" in proc.stderr
+
+
+def test_every_option_of_the_command_says_what_it_does():
+    subcommands = next(a for a in image.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [f"{name} {a.option_strings or a.dest}" for name, sub in subcommands.choices.items()
+            for a in sub._actions if not a.help]
+    assert bare == [], f"options without help in `image.py <command> --help`: {bare}"
 
 
 def test_load_kind_and_ssh(tmp_path):
