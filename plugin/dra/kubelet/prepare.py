@@ -73,7 +73,7 @@ from ..claims.prepared import Allocated, ClaimRef, NicNetwork, PreparedClaim, Pr
 from ..claims.gpu_config import Interval
 from ..claims.mps import ClaimMpsDaemons, MpsSettings
 from ..claims.mps_claims import MpsRefused, mps_wanted
-from ...kube.client import KubeApiUnreachable
+from ...kube.errors import KubeApiError, KubeApiUnreachable, KubeNotFound
 from ..mig.prepare import MigPreparer
 from ..network.nic_config import NicConfigError, PlanLimits, nic_plan
 from ..network.conflicts import check_conflicts
@@ -406,12 +406,12 @@ class ClaimPreparer:
             except KubeApiUnreachable as e:
                 reads.unreachable = str(e)
                 raise PrepareError(f"reading {where}: {e}") from None
-            except Exception as e:  # noqa: BLE001 (API errors of any kind become a per-claim error)
-                status = getattr(e, "status", None)
-                if status == 404:
-                    raise PrepareError(f"{where} not found") from None
-                raise PrepareError(f"reading {where}: "
-                                   f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
+            except KubeNotFound:
+                raise PrepareError(f"{where} not found") from None
+            except KubeApiError as e:
+                raise PrepareError(f"reading {where}: {e.status}: {e.reason or e}") from None
+            except Exception as e:  # noqa: BLE001 (any other failure of the read becomes a per-claim error too)
+                raise PrepareError(f"reading {where}: {type(e).__name__}: {e}") from None
 
     def _allocated_devices(self, ref: ClaimRef, claim: Claim, table: dict[str, Device]
                            ) -> tuple[Allocated, list[str], tuple[tuple[str, int, list[str]], ...]]:
