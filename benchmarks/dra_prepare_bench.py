@@ -246,7 +246,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 async def _phases(drv, kube, api: ApiServerStandIn, calls: int) -> dict[str, list[float]]:
     """The steps of a one-claim prepare, each timed alone: where the time of a call goes."""
-    from plugin.dra.kubelet.checkpoint import PreparedClaim
+    from plugin.dra.claims.prepared import PreparedClaim
     from plugin.dra.slices.build import device_table
 
     table = device_table(drv.topology, drv.options.slices)

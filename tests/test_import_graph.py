@@ -193,10 +193,16 @@ def test_config_rule_sees_an_import_of_a_runtime_module(tmp_path, monkeypatch):
     assert graph["plugin.config"] == {"plugin.errors": 1}
 
 
-def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    """The same graph between `plugin`'s subpackages (and `allocator`): the layers of docs/architecture.md."""
+def package_graph(graph: dict[str, dict[str, int]], inside: str = "plugin") -> dict[str, dict[str, int]]:
+    """The same graph between the subpackages of `inside` (and whatever lies outside it, one node per top
+    package or per subpackage of `plugin`): by default the layers of docs/architecture.md, with
+    `inside="plugin.dra"` the DRA wing's concepts (kubelet, network, slices, mig, claims)."""
+    depth = inside.count(".") + 2
+
     def layer(module: str) -> str:
         parts = module.split(".")
+        if module == inside or module.startswith(inside + "."):
+            return ".".join(parts[:depth])
         return ".".join(parts[:2]) if parts[0] == "plugin" else parts[0]
 
     out: dict[str, dict[str, int]] = {}
@@ -218,16 +224,58 @@ def test_subpackages_import_one_way():
 
 def test_the_subpackage_table_of_the_architecture_doc_is_the_import_order():
     """docs/architecture.md lists the subpackages top-down; every import between them goes down that list."""
-    import re
-
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    section = text.split("## Subpackages", 1)[1].split("\n## ", 1)[0]
-    listed = [m.rstrip("/").removesuffix(".py").replace("/", ".")
-              for m in re.findall(r"^\| `(plugin/[^`]+)` \|", section, re.M)]
+    listed = architecture_table()
     rank = {name: n for n, name in enumerate(listed)}
     layers = package_graph(import_graph())
     subpackages = {a for a in layers if a.startswith("plugin.") and a != "plugin.__main__"}
     assert subpackages <= set(rank), f"not in the table: {sorted(subpackages - set(rank))}"
-    upward = [f"{a} imports {b} (listed above it)" for a, edges in layers.items() if a in rank
-              for b in edges if b in rank and rank[b] < rank[a]]
+    upward = upward_imports(layers, listed)
     assert not upward, "\n".join(upward)
+
+
+def architecture_table(heading: str = "Subpackages") -> list[str]:
+    """The modules and packages a table of docs/architecture.md (the section `heading`) lists, top-down, as
+    dotted names."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return [m.rstrip("/").removesuffix(".py").replace("/", ".")
+            for m in re.findall(r"^\| `(plugin/[^`]+)` \|", section, re.M)]
+
+
+def upward_imports(layers: dict[str, dict[str, int]], listed: list[str]) -> list[str]:
+    """Each import of `layers` from a listed package to one listed above it."""
+    rank = {name: n for n, name in enumerate(listed)}
+    return [f"{a} imports {b} (line {line}; listed above it)" for a, edges in layers.items() if a in rank
+            for b, line in edges.items() if b in rank and rank[b] < rank[a]]
+
+
+def test_the_dra_wing_imports_down_its_table():
+    """The DRA wing's concepts import one way, as docs/architecture.md lists them: the kubelet side stands on
+    the pod network, the slices, MIG and the claim; nothing below imports back up (issue 31: the pod network
+    imported the kubelet side's claim types while the kubelet side imported the pod network)."""
+    listed = [m for m in architecture_table("Modules") if m.startswith("plugin.dra.")]
+    layers = package_graph(import_graph(), inside="plugin.dra")
+    # driver.py runs the wing (it imports every concept); it is the `plugin/dra/` row above them.
+    wing = {a for a in layers if a.startswith("plugin.dra.") and a != "plugin.dra.driver"}
+    assert {"plugin.dra.kubelet", "plugin.dra.network", "plugin.dra.claims"} <= wing
+    assert wing <= set(listed), f"not in the table: {sorted(wing - set(listed))}"
+    assert not cycles(layers), "\n".join(describe(c, layers) for c in cycles(layers))
+    upward = upward_imports(layers, listed)
+    assert not upward, "\n".join(upward)
+
+
+def test_the_wing_rule_sees_a_back_arrow(tmp_path):
+    """The reader of that rule: a module of a lower concept importing a higher one's is reported with its line."""
+    graph = _graph_of(tmp_path, {
+        "plugin/__init__.py": "", "plugin/dra/__init__.py": "",
+        "plugin/dra/kubelet/__init__.py": "", "plugin/dra/kubelet/prepare.py": "from ..network.plan import p\n",
+        "plugin/dra/network/__init__.py": "",
+        "plugin/dra/network/plan.py": "import os\nfrom ..kubelet.prepare import ClaimRef\n",
+        "allocator/__init__.py": "",
+    })
+    layers = package_graph(graph, inside="plugin.dra")
+    assert layers == {"plugin.dra.kubelet": {"plugin.dra.network": 1}, "plugin.dra.network": {"plugin.dra.kubelet": 2}}
+    assert upward_imports(layers, ["plugin.dra.kubelet", "plugin.dra.network"]) == [
+        "plugin.dra.network imports plugin.dra.kubelet (line 2; listed above it)"]

@@ -23,10 +23,11 @@ from allocator.scoring import evaluate, rank
 from allocator.topology import DeviceGraph, NodeTopology
 
 from ..model.resources import Resource, build_resources
+from ..runtime.compose.source import build_source
 from .json_keys import dumps
-from .options import Settings, option, resource_options, with_settings
+from .options import Settings, option, with_settings
 from .routing import Command
-from .typed import make_source
+from .typed import NodeSettings, node_settings
 
 #: Above this many candidates `allocate` does not enumerate a runner-up.
 RUNNER_UP_LIMIT = 16
@@ -42,10 +43,10 @@ def parse_ids(values: Iterable[str] | str | None) -> list[str]:
     return [p.strip() for v in values for p in v.split(",") if p.strip()]
 
 
-def load_resources(settings: Settings) -> tuple[NodeTopology, list[Resource]]:
+def load_resources(node: NodeSettings) -> tuple[NodeTopology, list[Resource]]:
     """Discover the node (simulated or real) and build the resources the daemon would serve."""
-    topology = make_source(settings).load()
-    resources = build_resources(topology, resource_options(settings))
+    topology = build_source(node.source).load()
+    resources = build_resources(topology, node.resources)
     if not resources:
         raise click.UsageError(f"{topology.source}: the node has no GPU or NIC to serve")
     return topology, resources
@@ -253,8 +254,9 @@ def runner_up(graph: DeviceGraph, policy: str, available: Sequence[str], must_in
 def allocate(settings: Settings, size: int, available_opt: tuple[str, ...], must_opt: tuple[str, ...],
              resource_name: str | None, with_opt: tuple[str, ...], fmt: str) -> None:
     """The set GetPreferredAllocation would return, with its NUMA span and scores, and why."""
-    topology, resources = load_resources(settings)
-    resource = find_resource(resources, resource_name, settings["gpu_resource_name"])
+    node = node_settings(settings)
+    topology, resources = load_resources(node)
+    resource = find_resource(resources, resource_name, node.resources.gpu_resource_name)
     available = parse_ids(available_opt) or [d.id for d in resource.devices if d.device.healthy]
     check_ids(resource, available, "--available")
     must = check_ids(resource, parse_ids(must_opt), "--must-include")

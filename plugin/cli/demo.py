@@ -28,25 +28,28 @@ from ..demo.device_manager import StandinDeviceManager, pod
 from ..demo.kubelet_standin import KubeletStandin
 from ..observability.logging_setup import setup_logging
 from ..model.render import plural
-from .options import Settings, option, resource_options, with_settings
+from .options import Settings, option, with_settings
 from .routing import Command
-from .typed import source_settings
+from .typed import DemoSettings, demo_settings, node_settings
 
 
-async def _demo(settings: Settings, hold: float, out) -> int:
+async def _demo(settings: Settings, demo: DemoSettings, hold: float, out) -> int:
     with tempfile.TemporaryDirectory(prefix="topo-dp-demo-") as tmp:
         kubelet = KubeletStandin(tmp)
         await kubelet.start()
         try:
-            return await _transcript(settings, kubelet, tmp, hold, out)
+            return await _transcript(settings, demo, kubelet, tmp, hold, out)
         finally:
             await kubelet.stop()  # also when the transcript fails early (a closed stdout, a bad option)
 
 
-async def _transcript(settings: Settings, kubelet: KubeletStandin, tmp: str, hold: float, out) -> int:
+async def _transcript(settings: Settings, demo: DemoSettings, kubelet: KubeletStandin, tmp: str, hold: float,
+                      out) -> int:
     out(f"kubelet stand-in listening on {kubelet.socket_path}")
     cdi_dir = os.path.join(tmp, "cdi")  # the demo's stand-in for /var/run/cdi
-    daemon = compose_demo(source_settings(settings), resource_options(settings), plugin_dir=tmp, cdi_spec_dir=cdi_dir)
+    # Read here, after the stand-in is up, as always: a bad option fails the transcript with the stand-in stopped.
+    node = node_settings(settings, demo.default_node)
+    daemon = compose_demo(node.source, node.resources, plugin_dir=tmp, cdi_spec_dir=cdi_dir)
     started = time.monotonic()  # as before: from the daemon's start, the source already built
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop, install_signals=False))
@@ -74,7 +77,7 @@ async def _transcript(settings: Settings, kubelet: KubeletStandin, tmp: str, hol
             for d in devs.values():
                 numa = ",".join(map(str, d.numa)) or "none"
                 out(f"  {d.id:<42} {d.health:<9} NUMA {numa}")
-        gpu = settings["gpu_resource_name"]
+        gpu = node.resources.gpu_resource_name
         family = [n for n in names if daemon.servers[n].service.resource.kind in (DeviceKind.GPU, DeviceKind.MIG)]
         gpu_taken: list[str] = []
         for name in family:
@@ -146,11 +149,7 @@ async def _paired_pod(daemon: Daemon, kubelet: KubeletStandin, gpu: str, nic: st
              "a smoke test of a GPU node without a kubelet.")
 def demo(settings: Settings, hold: float, hardware: bool) -> None:
     """Serve a simulated node to a kubelet stand-in in a temp dir and show what the kubelet sees."""
-    if hardware and settings["simulate"]:
-        raise click.UsageError("--hardware and --simulate exclude each other: --hardware serves this "
-                               "node's own devices, --simulate a simulated node")
-    if not hardware and not settings["simulate"]:
-        settings.values["simulate"] = "dgx-a100"
-    setup_logging(settings["log_level"], "text")
-    code = asyncio.run(_demo(settings, hold, click.echo))
+    own = demo_settings(settings, hardware)
+    setup_logging(own.log.level, own.log.format)
+    code = asyncio.run(_demo(settings, own, hold, click.echo))
     click.get_current_context().exit(code)

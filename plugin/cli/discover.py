@@ -11,10 +11,11 @@ from ..model.render import render_dot, render_table, to_data
 from ..model.resources import build_resources
 from ..sources import builtin_names
 from ..sources.simulated import builtin_text
+from ..runtime.compose.source import build_source
 from .json_keys import camel_keys, dumps
-from .options import Settings, option, resource_options, with_settings
+from .options import Settings, option, with_settings
 from .routing import Command
-from .typed import make_source
+from .typed import node_settings
 
 
 def builtin_description(name: str) -> str:
@@ -42,9 +43,10 @@ def discover(settings: Settings, fmt: str, list_builtins: bool) -> None:
         for name in names:
             click.echo(f"{name:<{width}}  {builtin_description(name)}".rstrip())
         return
-    source = make_source(settings)
+    node = node_settings(settings)
+    source = build_source(node.source)
     topology = source.load()
-    resources = build_resources(topology, resource_options(settings))
+    resources = build_resources(topology, node.resources)
     if fmt == "json":
         click.echo(dumps(to_data(topology, resources)))
     elif fmt == "yaml":  # the same keys as the JSON (device attributes camelCase too)

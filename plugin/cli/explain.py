@@ -53,6 +53,7 @@ from .allocate import (
 )
 from .json_keys import dumps
 from .options import Settings, option, with_settings
+from .typed import node_settings
 from .routing import Command
 
 
@@ -390,12 +391,13 @@ def explain(settings: Settings, tm_policy: str, tm_scope: str, requests: tuple[s
                                "with --cluster)")
     if not requests:
         raise click.UsageError("Missing option '--request'")
-    topology, resources = load_resources(settings)
+    node = node_settings(settings)
+    topology, resources = load_resources(node)
     limits = _parse_requests(requests, resources, "--request")
     init_limits = _parse_requests(init_requests, resources, "--init-request")
     in_use = _parse_allocated(allocated, resources)
     options = _parse_options(policy_options)
-    trace = PairingTrace(topology, resources, settings["pairing_window_ms"] > 0,
+    trace = PairingTrace(topology, resources, node.resources.pairing_window_s > 0,
                          parse_partners(with_opt, resources))
     pod = Pod(
         uid="explain",

@@ -15,6 +15,7 @@ import click
 
 from ..errors import InputError, RuntimeFailure
 from ..inputs.yaml_input import YamlProblem, load, read_text
+from ..kube.errors import KubeApiError, KubeApiUnreachable, KubeConfigError, KubeNotFound
 from ..nrt.cluster import NodeVerdict, PodSpecError, cluster_verdicts, pod_from_spec
 from .json_keys import dumps
 
@@ -32,7 +33,7 @@ def read_pod(path: str) -> Any:
 
 
 async def _objects(kubeconfig: str) -> list[dict[str, Any]]:
-    from ..kube.client import KubeApiError, KubeApiUnreachable, KubeConfigError, kubeconfig_api  # noqa: PLC0415 (lightkube only with --cluster)
+    from ..kube.client import kubeconfig_api  # noqa: PLC0415 (lightkube only with --cluster)
     from ..nrt.api import LightkubeNrtApi  # noqa: PLC0415 (as above)
 
     try:
@@ -41,10 +42,12 @@ async def _objects(kubeconfig: str) -> list[dict[str, Any]]:
         raise InputError(f"--cluster {kubeconfig}: {e} (fix: name a kubeconfig file kubectl can use)") from None
     try:
         return await api.list()
+    except KubeNotFound as e:
+        raise RuntimeFailure(f"cannot list NodeResourceTopology objects: {e} (fix: install the chart with "
+                             "nrt.enabled (the CRD comes with it))") from None
     except KubeApiError as e:
-        fix = ("install the chart with nrt.enabled (the CRD comes with it)" if e.status == 404 else
-               "use a kubeconfig that may list noderesourcetopologies")
-        raise RuntimeFailure(f"cannot list NodeResourceTopology objects: {e} (fix: {fix})") from None
+        raise RuntimeFailure(f"cannot list NodeResourceTopology objects: {e} (fix: use a kubeconfig that may list "
+                             "noderesourcetopologies)") from None
     except KubeApiUnreachable as e:
         raise RuntimeFailure(f"{e} (fix: check the kubeconfig's server address)") from None
     finally:

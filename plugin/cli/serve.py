@@ -16,7 +16,7 @@ from ..observability.logging_setup import setup_logging
 from ..runtime.compose.root import compose
 from .options import Settings, with_settings
 from .routing import Command
-from .typed import serve_settings
+from .typed import log_settings, serve_settings
 
 
 @click.command(cls=Command, examples=("topo-device-plugin serve --simulate dgx-h100 --device-plugin-path /tmp/dp",))
@@ -24,7 +24,8 @@ from .typed import serve_settings
 def serve(settings: Settings) -> None:
     """Run the device plugin daemon until SIGTERM/SIGINT."""
     # Logging first: the warnings of reading the options (e.g. passDeviceSpecs) go out in the chosen format.
-    setup_logging(settings.values["log_level"], settings.values["log_format"])
+    log = log_settings(settings)
+    setup_logging(log.level, log.format)
     daemon = compose(serve_settings(settings))
     try:
         code = asyncio.run(daemon.run())

@@ -6,12 +6,23 @@ CLI's, so the error says what to fix; what leaves this module is typed,
 checked and final (`plugin.runtime.compose.settings`). The order of the checks
 is the order start-up always had: `--simulate` and the clique labeller, then
 the resource options, then the DRA side.
+
+Every command gets its settings here, not only `serve`: `LogSettings` (how
+`serve` and `demo` log, read before anything else so the options' own
+warnings go out in that format), `NodeSettings` (the node and its resources,
+for `discover`, `allocate`, `explain` and the demo's daemon) and
+`DemoSettings`. So this module and `plugin.cli.options` are the only ones that
+read an option by its name (`tests/cli/test_typed_settings.py` checks it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import click
 
 from ..allocation.pod_resources import socket_path
 from ..errors import InputError
@@ -24,6 +35,58 @@ from .options import Settings, check_simulate, nic_pools, option_source, resourc
 
 if TYPE_CHECKING:
     from ..dra.slices.imex_channels import ImexChannels
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """`--log-level` and `--log-format` (`demo` logs text: it takes no `--log-format`)."""
+
+    level: str
+    format: str = "text"
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a command that reads the node is given: where the topology comes from and the resources built on
+    it, as `serve` would build them (the GPU resource's name, the pairing window... are `resources` fields)."""
+
+    source: SourceSettings
+    resources: ResourceOptions
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """`demo`'s own choices: how it logs, and the node it serves when `--simulate` names none."""
+
+    log: LogSettings
+    #: The built-in node served when no `--simulate` is given; None with `--hardware` (the node's own devices).
+    default_node: str | None
+
+
+#: The node `demo` serves unless told otherwise: the first thing a new user sees (README).
+DEMO_NODE = "dgx-a100"
+
+
+def log_settings(settings: Settings) -> LogSettings:
+    """How the command logs; the commands without `--log-format` log text."""
+    return LogSettings(level=settings.values["log_level"], format=settings.values.get("log_format") or "text")
+
+
+def demo_settings(settings: Settings, hardware: bool) -> DemoSettings:
+    """`demo`'s settings; `--hardware` with `--simulate` is a usage error (they name two different nodes)."""
+    if hardware and settings.values.get("simulate"):
+        raise click.UsageError("--hardware and --simulate exclude each other: --hardware serves this "
+                               "node's own devices, --simulate a simulated node")
+    return DemoSettings(log=LogSettings(level=settings.values["log_level"]),
+                        default_node=None if hardware else DEMO_NODE)
+
+
+def node_settings(settings: Settings, default_node: str | None = None) -> NodeSettings:
+    """The node and its resources for an offline command; `default_node` is served when `--simulate` names none
+    (`demo`). Raises the `--simulate` errors first, then those of the resource options, as `serve` does."""
+    if default_node is not None and not settings.values.get("simulate"):
+        settings = dataclasses.replace(settings, values={**settings.values, "simulate": default_node})
+    return NodeSettings(source=source_settings(settings), resources=resource_options(settings))
 
 
 def source_settings(settings: Settings) -> SourceSettings:

@@ -10,7 +10,7 @@ Subpackages by concept (docs/architecture.md has a row for each):
 - `network/`: a claim's NICs: NicConfig, conflicts with other claims, the NRI sandbox handler;
 - `mig/`: MIG devices, instances made at prepare, and the backends that make them;
 - `driver`: runs them for one node (`DraDriver`, `DraOptions`), with the collaborators
-  `plugin/runtime/compose/` builds; `kubeapi`: the old name of `plugin/kube/client`.
+  `plugin/runtime/compose/` builds. The Kubernetes client is `plugin/kube/`.
 """
 
 from .driver import DraDriver, DraOptions

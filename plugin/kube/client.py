@@ -54,7 +54,7 @@ from lightkube.types import PatchType
 
 from .errors import KubeApiError, KubeApiUnreachable, KubeConfigError, api_error
 
-__all__ = ["KubeApi", "KubeApiError", "KubeApiUnreachable", "KubeConfigError", "in_cluster_api",
+__all__ = ["KubeApi", "KubeApiError", "KubeApiUnreachable", "KubeConfigError", "call", "in_cluster_api",
            "kubeconfig_api"]
 
 T = TypeVar("T")
@@ -79,6 +79,13 @@ async def _call(request: Awaitable[T]) -> T:
         what = "no answer in time" if isinstance(e, httpx2.TimeoutException) else "no connection"
         raise KubeApiUnreachable(f"the API server{_server(e)} is unreachable ({what}: "
                                  f"{type(e).__name__}{': ' + str(e) if str(e) else ''})") from e
+
+
+async def call(request: Awaitable[T]) -> T:
+    """One request of `KubeApi.client` made outside this module (the NodeResourceTopology calls, on a resource
+    lightkube has no model for): its answer, or the error typed as every other call's (`plugin.kube.errors`),
+    so their callers ask `KubeNotFound`, not the HTTP code."""
+    return await _call(request)
 
 
 async def _read(request: Callable[[], Awaitable[T]]) -> T:

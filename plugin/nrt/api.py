@@ -9,16 +9,13 @@ Imported only with `--nrt` (lightkube).
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-import httpx2
 from lightkube.generic_resource import create_global_resource
 
-from ..kube.client import KubeApi, KubeApiError, KubeApiUnreachable, in_cluster_api, kubeconfig_api
+from ..kube.client import KubeApi, call, in_cluster_api, kubeconfig_api
+from ..kube.errors import KubeNotFound
 from .build import API_VERSION, KIND
-
-T = TypeVar("T")
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "noderesourcetopologies"
@@ -26,7 +23,7 @@ NodeResourceTopology = create_global_resource(GROUP, VERSION, KIND, PLURAL)
 
 
 class NrtApi(Protocol):
-    """What the writer calls; `KubeApiError` (with `status`) for the API server's refusals."""
+    """What the writer calls; the API server's refusals as `plugin.kube.errors` types (`KubeNotFound`, ...)."""
 
     async def node_uid(self, name: str) -> str: ...
     async def get(self, name: str) -> dict[str, Any] | None: ...
@@ -35,22 +32,6 @@ class NrtApi(Protocol):
     async def replace(self, obj: dict[str, Any]) -> dict[str, Any]: ...
     async def delete(self, name: str) -> None: ...
     async def close(self) -> None: ...
-
-
-async def _call(request: Awaitable[T]) -> T:
-    """The answer, or `KubeApiError` / `KubeApiUnreachable` as `plugin.kube.client` raises them."""
-    try:
-        return await request
-    except httpx2.HTTPStatusError as e:
-        try:
-            body = e.response.json()
-        except ValueError:
-            body = {}
-        status = body if isinstance(body, dict) and body.get("kind") == "Status" else {}
-        raise KubeApiError(e.response.status_code, status.get("reason") or e.response.reason_phrase,
-                           status.get("message") or "") from e
-    except httpx2.TransportError as e:
-        raise KubeApiUnreachable(f"the API server is unreachable ({type(e).__name__}: {e})") from e
 
 
 class LightkubeNrtApi:
@@ -62,11 +43,9 @@ class LightkubeNrtApi:
 
     async def get(self, name: str) -> dict[str, Any] | None:
         try:
-            found = await _call(self.api.client.get(NodeResourceTopology, name))
-        except KubeApiError as e:
-            if e.status == 404:
-                return None
-            raise
+            found = await call(self.api.client.get(NodeResourceTopology, name))
+        except KubeNotFound:
+            return None
         return dict(found.to_dict())
 
     async def list(self) -> list[dict[str, Any]]:
@@ -74,20 +53,19 @@ class LightkubeNrtApi:
         async def collect() -> list[dict[str, Any]]:
             return [dict(o.to_dict()) async for o in self.api.client.list(NodeResourceTopology)]
 
-        return await _call(collect())
+        return await call(collect())
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return dict((await _call(self.api.client.create(NodeResourceTopology.from_dict(obj)))).to_dict())
+        return dict((await call(self.api.client.create(NodeResourceTopology.from_dict(obj)))).to_dict())
 
     async def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return dict((await _call(self.api.client.replace(NodeResourceTopology.from_dict(obj)))).to_dict())
+        return dict((await call(self.api.client.replace(NodeResourceTopology.from_dict(obj)))).to_dict())
 
     async def delete(self, name: str) -> None:
         try:
-            await _call(self.api.client.delete(NodeResourceTopology, name))
-        except KubeApiError as e:
-            if e.status != 404:
-                raise
+            await call(self.api.client.delete(NodeResourceTopology, name))
+        except KubeNotFound:
+            pass  # already gone: what delete wanted
 
     async def close(self) -> None:
         await self.api.close()

@@ -15,6 +15,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from ..kube.errors import KubeNotFound
 from .writer import manager_of
 
 if TYPE_CHECKING:
@@ -25,14 +26,10 @@ log = logging.getLogger(__name__)
 
 async def delete_ours(api: NrtApi) -> list[str]:
     """Delete our objects; the names deleted. A missing CRD (404) is nothing to delete."""
-    from ..kube.client import KubeApiError  # noqa: PLC0415 (lightkube only when run)
-
     try:
         objects = await api.list()
-    except KubeApiError as e:
-        if e.status == 404:
-            return []
-        raise
+    except KubeNotFound:
+        return []
     names = sorted(str(o["metadata"]["name"]) for o in objects if manager_of(o) is None)
     for name in names:
         await api.delete(name)

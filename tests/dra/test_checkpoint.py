@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from plugin.dra.kubelet.checkpoint import CheckpointError, ClaimCheckpoint, PreparedClaim, PreparedDevice
+from plugin.dra.claims.prepared import PreparedClaim, PreparedDevice
+from plugin.dra.kubelet.checkpoint import CheckpointError, ClaimCheckpoint
 
 
 def _cp(tmp_path) -> ClaimCheckpoint:
@@ -133,7 +134,7 @@ async def test_writes_and_pending_sections_are_counted(tmp_path):
 def test_nic_networks_and_pods_round_trip_and_old_files_still_read(tmp_path):
     """Issue 21 adds the pods a claim is reserved for and each NIC's pod interface; a checkpoint written by the
     release before (no such keys) must still read, and a GPU-only claim is written exactly as before."""
-    from plugin.dra.network.nic_config import NicNetwork, Route
+    from plugin.dra.claims.prepared import NicNetwork, Route
 
     cp = _cp(tmp_path)
     net = NicNetwork("ens1f0", "net1", ("192.0.2.10/24", "2001:db8::10/64"),

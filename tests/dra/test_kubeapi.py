@@ -102,14 +102,6 @@ async def test_each_failure_is_one_type_of_the_one_error_model_with_the_servers_
     assert not e.value.retryable
     assert all(issubclass(k, KubeError) for k in (KubeApiError, KubeApiUnreachable, KubeConfigError))
 
-
-def test_the_old_module_name_still_imports_the_one_client():
-    """Code written against plugin/dra/kubeapi.py before the move keeps working, with the same objects."""
-    from plugin.dra import kubeapi
-    from plugin.kube import client
-
-    assert kubeapi.kubeconfig_api is client.kubeconfig_api and kubeapi.KubeApiError is KubeApiError
-
 @pytest.fixture
 def service_account(tmp_path, monkeypatch):
     """A pod's service account directory and the environment the kubelet gives a pod."""

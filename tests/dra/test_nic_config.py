@@ -13,7 +13,8 @@ import copy
 import pytest
 
 from plugin.dra.claims.claim import parse_claim
-from plugin.dra.network.nic_config import API_VERSION, KIND, NicConfigError, NicNetwork, PlanLimits, Route, nic_plan
+from plugin.dra.claims.prepared import NicNetwork, Route
+from plugin.dra.network.nic_config import API_VERSION, KIND, NicConfigError, PlanLimits, nic_plan
 from plugin.dra.slices.build import SliceOptions, device_table
 from plugin.sources.simulated import load_node_yaml
 

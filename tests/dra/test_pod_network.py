@@ -23,7 +23,8 @@ from plugin.dra.kubelet.checkpoint import ClaimCheckpoint
 from plugin.dra.claims.status import ClaimStatusWriter
 from plugin.dra.network.nic_config import API_VERSION, KIND
 from plugin.dra.network.pod_network import PodNetwork
-from plugin.dra.kubelet.prepare import ClaimPreparer, ClaimRef
+from plugin.dra.claims.prepared import ClaimRef
+from plugin.dra.kubelet.prepare import ClaimPreparer
 from plugin.dra.slices.build import SliceOptions
 from plugin.nri import PodSandbox as Sandbox
 

@@ -38,6 +38,9 @@ class NrtApiStandIn:
         self.writes: list[tuple[str, str, float]] = []
         #: Writes still to refuse with 503 (an API server that is not ready).
         self.refuse_writes = 0
+        #: The Status (code, reason, message) every list is answered with instead of the objects: a cluster
+        #: without the CRD (404) or an account that may not list them (403).
+        self.list_refused: tuple[int, str, str] | None = None
         self._rv = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -86,6 +89,8 @@ class NrtApiStandIn:
         return _json(node) if node else _status(404, "NotFound", "node not found")
 
     async def _list(self, request: web.Request) -> web.Response:
+        if self.list_refused is not None:
+            return _status(*self.list_refused)
         return _json({"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopologyList",
                       "metadata": {"resourceVersion": str(next(self._rv))}, "items": list(self.objects.values())})
 

@@ -91,6 +91,21 @@ async def test_the_command_reads_the_objects_through_the_api_server(nrt_server, 
     assert [n["admit"] for n in json.loads(out.output)["nodes"]] == [False, False, False, False]
 
 
+@pytest.mark.parametrize("refusal,fix", [
+    ((404, "NotFound", "the server could not find the requested resource"),
+     "fix: install the chart with nrt.enabled (the CRD comes with it)"),
+    ((403, "Forbidden", 'cannot list resource "noderesourcetopologies"'),
+     "fix: use a kubeconfig that may list noderesourcetopologies")])
+async def test_a_refused_list_names_what_to_fix(nrt_server, tmp_path, refusal, fix):
+    """No CRD and no permission are told apart by the error's type, each with its own fix (exit 1)."""
+    nrt_server.list_refused = refusal
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", nrt_server.url)
+    out = await asyncio.to_thread(CliRunner().invoke, explain, ["--cluster", kubeconfig, "--request", f"{GPU}=1"])
+    assert out.exit_code == 1, out.output
+    assert f"cannot list NodeResourceTopology objects: {refusal[0]} {refusal[1]}: {refusal[2]}" in out.output
+    assert fix in out.output
+
+
 def test_the_command_without_a_pod_or_with_both_is_a_usage_error(tmp_path):
     runner = CliRunner()
     assert runner.invoke(explain, ["--cluster", str(tmp_path / "k")]).exit_code == 2

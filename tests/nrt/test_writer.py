@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import logging
 
+import pytest
+
 from plugin.backoff import Backoff
 from plugin.nrt.build import TopologyManagerSettings, build_nrt, published_resources
 from plugin.nrt.writer import NrtWriter
@@ -139,3 +141,23 @@ async def test_the_uninstall_cleanup_deletes_our_objects_only(nrt_server, connec
     finally:
         await api.close()
     assert set(nrt_server.objects) == {"nfd-node"}
+
+
+#: What a real API server answers for a resource whose CRD is not installed.
+NO_CRD = (404, "NotFound", "the server could not find the requested resource")
+
+
+async def test_the_cleanup_on_a_cluster_without_the_crd_has_nothing_to_delete_and_other_refusals_fail_it(
+        nrt_server, connect):
+    from plugin.kube.errors import KubeForbidden
+    from plugin.nrt.cleanup import delete_ours
+
+    api = await connect()
+    try:
+        nrt_server.list_refused = NO_CRD
+        assert await delete_ours(api) == []
+        nrt_server.list_refused = (403, "Forbidden", "cannot list resource \"noderesourcetopologies\"")
+        with pytest.raises(KubeForbidden, match="403 Forbidden: cannot list"):
+            await delete_ours(api)
+    finally:
+        await api.close()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...backoff import Backoff
+from ...kube.errors import KubeNotFound
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +117,10 @@ class ClaimStatusWriter:
                     await self.api.apply_claim_status(key.namespace, key.name, devices, self.driver)
             except asyncio.CancelledError:
                 raise
+            except KubeNotFound:
+                log.info("claim gone; its status is not written", extra={"claim": f"{key.namespace}/{key.name}"})
+                continue
             except Exception as e:  # noqa: BLE001 (any failure: retry later, never end the writer)
-                if getattr(e, "status", None) == 404:
-                    log.info("claim gone; its status is not written", extra={"claim": f"{key.namespace}/{key.name}"})
-                    continue
                 self.failures += 1
                 self._wanted.setdefault(key, devices)  # unless a newer state came meanwhile
                 delay = backoff.next()

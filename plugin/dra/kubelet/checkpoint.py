@@ -33,12 +33,11 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ...atomic_file import replace_file
 from ...errors import InputError
-from ..network.nic_config import NicNetwork
+from ..claims.prepared import PreparedClaim
 
 FORMAT_VERSION = 1
 T = TypeVar("T")
@@ -46,74 +45,6 @@ T = TypeVar("T")
 
 class CheckpointError(InputError):
     """The checkpoint file cannot be trusted; the message names it and the fix."""
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One device of a prepared claim, as NodePrepareResources reports it."""
-
-    pool: str
-    device: str
-    requests: tuple[str, ...] = ()
-    cdi_device_ids: tuple[str, ...] = ()
-    #: The GPU's time-slice interval this claim asked for and got (plugin/dra/claims/sharing.py); "" when none.
-    timeslice: str = ""
-    #: The allocation's share ID when the claim holds a share of the device (consumable capacity); "" otherwise.
-    share_id: str = ""
-    #: A NIC the pod-network side attaches to the pod when its sandbox starts (plugin/dra/network/pod_network.py).
-    network: NicNetwork | None = None
-
-
-@dataclass(frozen=True)
-class PreparedClaim:
-    uid: str
-    namespace: str
-    name: str
-    devices: tuple[PreparedDevice, ...] = field(default_factory=tuple)
-    #: UIDs of the pods the claim was reserved for when prepared (`status.reservedFor`, kind Pod): whose
-    #: sandbox gets the claim's NICs.
-    pods: tuple[str, ...] = ()
-
-    @property
-    def networks(self) -> list[tuple[PreparedDevice, NicNetwork]]:
-        return [(d, d.network) for d in self.devices if d.network is not None]
-
-    def to_json(self) -> dict[str, Any]:
-        # By hand rather than dataclasses.asdict (a recursive deep copy): the whole file is encoded on every
-        # write, in a worker thread whose Python work competes with the event loop for the GIL.
-        out: dict[str, Any] = {"uid": self.uid, "namespace": self.namespace, "name": self.name,
-                               "devices": [_device_json(x) for x in self.devices]}
-        if self.pods:
-            out["pods"] = list(self.pods)
-        return out
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> PreparedClaim:
-        """Also reads files of earlier releases (no `pods`, no `network`)."""
-        return cls(
-            uid=str(d["uid"]), namespace=str(d["namespace"]), name=str(d["name"]),
-            devices=tuple(PreparedDevice(pool=str(x["pool"]), device=str(x["device"]),
-                                         requests=tuple(x.get("requests", ())),
-                                         cdi_device_ids=tuple(x.get("cdi_device_ids", ())),
-                                         timeslice=str(x.get("timeslice", "")),
-                                         share_id=str(x.get("share_id", "")),
-                                         network=NicNetwork.from_json(x["network"]) if x.get("network") else None)
-                          for x in d.get("devices", ())),
-            pods=tuple(str(p) for p in d.get("pods", ())),
-        )
-
-
-def _device_json(x: PreparedDevice) -> dict[str, Any]:
-    out: dict[str, Any] = {"pool": x.pool, "device": x.device, "requests": list(x.requests),
-                           "cdi_device_ids": list(x.cdi_device_ids)}
-    # Only when set: files of claims without sharing stay as earlier releases wrote them.
-    if x.timeslice:
-        out["timeslice"] = x.timeslice
-    if x.share_id:
-        out["share_id"] = x.share_id
-    if x.network is not None:  # absent otherwise: a GPU-only checkpoint reads as before
-        out["network"] = x.network.to_json()
-    return out
 
 
 def _checksum(claims: dict[str, Any]) -> str:

@@ -67,14 +67,15 @@ from ...model.mps_allocate import DEFAULT_HOST_ROOT
 from ...mps.control import MpsControl
 from ..mig.instances import MigError
 from .cdi import ClaimCdi
-from .checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
+from .checkpoint import ClaimCheckpoint
 from ..claims.claim import Claim, parse_claim
+from ..claims.prepared import Allocated, ClaimRef, NicNetwork, PreparedClaim, PreparedDevice
 from ..claims.gpu_config import Interval
 from ..claims.mps import ClaimMpsDaemons, MpsSettings
 from ..claims.mps_claims import MpsRefused, mps_wanted
-from ...kube.client import KubeApiUnreachable
+from ...kube.errors import KubeApiError, KubeApiUnreachable, KubeNotFound
 from ..mig.prepare import MigPreparer
-from ..network.nic_config import NicConfigError, NicNetwork, PlanLimits, nic_plan
+from ..network.nic_config import NicConfigError, PlanLimits, nic_plan
 from ..network.conflicts import check_conflicts
 from ..slices.imex_channels import channel_of
 from ..claims.sharing import GpuSharing, Holders, SharingRefused, SimulatedTimeSlice, TimeSliceApplyError, \
@@ -84,9 +85,6 @@ from ..slices.build import SliceOptions, device_table
 log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], Awaitable[dict[str, Any]]]
-#: One claim's allocated devices: (slice device name, Device, request names); a device the claim holds several
-#: shares of (consumable capacity) appears once per share.
-Allocated = list[tuple[str, Device, list[str]]]
 
 
 class Planned(NamedTuple):
@@ -105,13 +103,6 @@ class Planned(NamedTuple):
     mps: dict[str, tuple[Device, MpsSettings]] = {}
     #: The claim's IMEX channels: (slice device name, channel, request names); no Device of the topology.
     channels: tuple[tuple[str, int, list[str]], ...] = ()
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    uid: str
-    name: str
 
 
 class PrepareError(Exception):
@@ -415,12 +406,12 @@ class ClaimPreparer:
             except KubeApiUnreachable as e:
                 reads.unreachable = str(e)
                 raise PrepareError(f"reading {where}: {e}") from None
-            except Exception as e:  # noqa: BLE001 (API errors of any kind become a per-claim error)
-                status = getattr(e, "status", None)
-                if status == 404:
-                    raise PrepareError(f"{where} not found") from None
-                raise PrepareError(f"reading {where}: "
-                                   f"{status or type(e).__name__}: {getattr(e, 'reason', None) or e}") from None
+            except KubeNotFound:
+                raise PrepareError(f"{where} not found") from None
+            except KubeApiError as e:
+                raise PrepareError(f"reading {where}: {e.status}: {e.reason or e}") from None
+            except Exception as e:  # noqa: BLE001 (any other failure of the read becomes a per-claim error too)
+                raise PrepareError(f"reading {where}: {type(e).__name__}: {e}") from None
 
     def _allocated_devices(self, ref: ClaimRef, claim: Claim, table: dict[str, Device]
                            ) -> tuple[Allocated, list[str], tuple[tuple[str, int, list[str]], ...]]:

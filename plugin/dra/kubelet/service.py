@@ -40,7 +40,8 @@ from ...errors import shorten
 from ...model.cdi.toolkit import ToolkitSpecError
 from .cdi import BadClaimUid, CdiDirError, check_claim_uid
 from .health_service import HEALTH_SERVICES, HealthBoard, add_health_services
-from .prepare import ClaimPreparer, ClaimRef, PrepareError
+from ..claims.prepared import ClaimRef
+from .prepare import ClaimPreparer, PrepareError
 
 log = logging.getLogger(__name__)
 

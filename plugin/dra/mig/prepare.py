@@ -34,13 +34,12 @@ from ...errors import InputError
 from .instances import MigBackend, MigError, MigInstance
 from ...sources.mig_profiles import Placement, table_for
 from ...sources.nvml_mig import cap_minors, caps_attribute
+from ..claims.prepared import Allocated
 from .devices import DYNAMIC, START
 
 log = logging.getLogger(__name__)
 
 BOOK_VERSION = 1
-#: (slice device name, Device, request names), as prepare.Allocated.
-Allocated = list[tuple[str, Device, list[str]]]
 
 
 class MigBookError(InputError):

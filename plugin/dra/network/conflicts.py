@@ -25,8 +25,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 
-from ..kubelet.checkpoint import PreparedClaim
-from .nic_config import NicConfigError, NicNetwork
+from ..claims.prepared import NicNetwork, PreparedClaim
+from .nic_config import NicConfigError
 
 
 def check_conflicts(claim_ref: str, uid: str, pods: Sequence[str], networks: Mapping[str, NicNetwork],

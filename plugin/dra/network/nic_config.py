@@ -41,6 +41,7 @@ from allocator.topology import Device, DeviceKind
 
 from ..claims.claim import Claim
 from ..claims.gpu_config import KIND as GPU_KIND
+from ..claims.prepared import NicNetwork, Route
 
 API_VERSION = "net.topo-device-plugin.io/v1alpha1"
 KIND = "NicConfig"
@@ -67,49 +68,6 @@ def is_ifname(name: str) -> bool:
 
 class NicConfigError(Exception):
     """A NicConfig the driver cannot apply: the message names the claim, the field and the fix."""
-
-
-@dataclass(frozen=True)
-class Route:
-    destination: str
-    gateway: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"destination": self.destination, **({"gateway": self.gateway} if self.gateway else {})}
-
-
-@dataclass(frozen=True)
-class NicNetwork:
-    """What one NIC of a prepared claim becomes in the pod: recorded in the checkpoint at prepare, applied when
-    the pod's sandbox starts (this is `plugin.netattach.InterfaceSpec`'s content, kept in our own record so the
-    checkpoint format does not follow another package's types)."""
-
-    host_name: str
-    pod_name: str
-    addresses: tuple[str, ...] = ()
-    routes: tuple[Route, ...] = ()
-    mtu: int | None = None
-    rdma_device: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"host_name": self.host_name, "pod_name": self.pod_name}
-        if self.addresses:
-            out["addresses"] = list(self.addresses)
-        if self.routes:
-            out["routes"] = [r.to_json() for r in self.routes]
-        if self.mtu is not None:
-            out["mtu"] = self.mtu
-        if self.rdma_device:
-            out["rdma_device"] = self.rdma_device
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> NicNetwork:
-        return cls(host_name=str(d["host_name"]), pod_name=str(d["pod_name"]),
-                   addresses=tuple(str(a) for a in d.get("addresses", ())),
-                   routes=tuple(Route(str(r["destination"]), r.get("gateway")) for r in d.get("routes", ())),
-                   mtu=int(d["mtu"]) if d.get("mtu") is not None else None,
-                   rdma_device=d.get("rdma_device") or None)
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,10 @@ from typing import Any, Protocol
 
 from allocator.topology import DeviceKind
 
-from ..kubelet.checkpoint import ClaimCheckpoint, PreparedClaim
+from ..claims.prepared import Allocated, ClaimRef, NicNetwork, PreparedClaim
 from ..claims.status import ClaimStatusWriter, condition, device_entry
 from ..claims.claim import Claim
-from .nic_config import NicConfigError, NicNetwork, NicProbe, PlanLimits, nic_plan
-from ..kubelet.prepare import Allocated, ClaimRef
+from .nic_config import NicConfigError, NicProbe, PlanLimits, nic_plan
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +53,16 @@ class Sandbox(Protocol):
     namespace: str
     name: str
     netns: str | None
+
+
+class PreparedClaims(Protocol):
+    """The part of `plugin.dra.kubelet.checkpoint.ClaimCheckpoint` read here: its file (whose bytes tell whether
+    anything changed) and its claims. A protocol, not the class: the kubelet side stands on this package, not the
+    other way round."""
+
+    path: str
+
+    async def read(self) -> Mapping[str, PreparedClaim]: ...
 
 
 class Attacher(Protocol):
@@ -83,7 +92,7 @@ class PodNetwork:
 
     active = True
 
-    def __init__(self, *, driver: str, pool: str, checkpoint: ClaimCheckpoint, attacher: Attacher, status: ClaimStatusWriter,
+    def __init__(self, *, driver: str, pool: str, checkpoint: PreparedClaims, attacher: Attacher, status: ClaimStatusWriter,
                  probe: NicProbe, taken_names: tuple[str, ...] = ("lo", "eth0"),
                  connected: Callable[[], bool] = lambda: True, nri_socket: str = "/var/run/nri/nri.sock"):
         self.driver = driver
