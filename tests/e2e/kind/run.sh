@@ -4,10 +4,11 @@
 #
 #   tests/e2e/kind/run.sh            # exit 0 pass, 1 fail, 77 skipped (reason printed)
 #   KEEP_CLUSTER=1 tests/e2e/kind/run.sh   # leave the cluster for debugging (Docker only)
-#   KIND_NODES=1 tests/e2e/kind/run.sh     # podman path: one node (default 2, as kind-config.yaml)
+#   KIND_PODMAN=1 tests/e2e/kind/run.sh   # no Docker: build a node image here, run through podman
+#   KIND_PODMAN=1 KIND_NODES=1 tests/e2e/kind/run.sh   # the same with one node (default 2, as kind-config.yaml)
 #
 # With a Docker engine (and kind, kubectl, helm installed) it runs on kind's own node image.
-# Without one, as root with podman installed, it hands over to kind_cluster.py: that builds a
+# Without one, with KIND_PODMAN=1 (as root, podman installed), it hands over to kind_cluster.py: that builds a
 # node image here (node_image.py, cached), then runs this script again inside private
 # namespaces with KIND_PROVIDER=podman (kind's podman provider, no registry, no pulls). Where
 # neither works it prints "SKIP: <reason>" and exits 77 (test_kind.py turns that into a skip).
@@ -26,12 +27,14 @@ fail() { echo "FAIL: $*"; exit 1; }
 if [ -z "$PROVIDER" ]; then
   if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
     PROVIDER=docker
-  elif command -v podman >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  elif [ "${KIND_PODMAN:-0}" = 1 ]; then
+    command -v podman >/dev/null 2>&1 || skip "KIND_PODMAN=1 but podman is not installed (Debian: podman netavark aardvark-dns)"
+    [ "$(id -u)" = 0 ] || skip "KIND_PODMAN=1 needs root (rootful podman, mmdebstrap)"
     exec python3 "$HERE/kind_cluster.py" run
   elif ! command -v docker >/dev/null 2>&1; then
-    skip "the docker CLI is not installed, and podman (as root) is not either"
+    skip "the docker CLI is not installed; KIND_PODMAN=1 builds a node image here and runs through podman instead (root, about 15 min cold)"
   else
-    skip "no Docker engine is reachable (\`docker info\` failed), and podman (as root) is not installed"
+    skip "no Docker engine is reachable (\`docker info\` failed); KIND_PODMAN=1 builds a node image here and runs through podman instead (root, about 15 min cold)"
   fi
 fi
 for tool in kind kubectl helm; do
