@@ -128,8 +128,12 @@ def _run_locked(nodes: int) -> int:
     holder = podman_env.Holder()
     holder.start()
     try:
+        # A HOME and KUBECONFIG of the run's own: kind would otherwise write its context into
+        # ~/.kube/config, and kubectl its discovery cache under ~/.kube, on this machine.
+        (work / "home").mkdir()
         full = {**pm.env(), **env, "KIND_PROVIDER": "podman", "KIND_CONFIG": str(cfg), "KIND_NODES": str(nodes),
-                "KUBECONFIG_FILE": str(work / "kubeconfig"),
+                "KUBECONFIG_FILE": str(work / "kubeconfig"), "KUBECONFIG": str(work / "kubeconfig"),
+                "HOME": str(work / "home"),
                 "PATH": f"{env['KIND_TOOLS']}:{os.environ.get('PATH', '')}"}
         # KEEP_CLUSTER=1 keeps the failed cluster's nodes long enough to export their logs.
         proc = subprocess.run([*holder.enter(), "bash", str(HERE / "run.sh")],
