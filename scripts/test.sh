@@ -25,6 +25,9 @@ bash scripts/lint.sh || lint=$?
 # Three workers (pytest-xdist), one test file per unit of work (module-scoped fixtures such as a cluster per
 # module stay in one process), the long files first (tests/conftest.py): on 2 cores most of the e2e's time is
 # waiting on a kubelet or an API server, which the other workers fill. TOPO_DP_TEST_WORKERS=0 runs in one process.
+# The kind e2e (tests/e2e/kind) runs through kind's podman provider where no Docker engine exists: it builds its
+# node image here (cached). KIND_PODMAN=0 leaves it to a Docker engine (skipped without one).
+export KIND_PODMAN="${KIND_PODMAN:-1}"
 stage "tests"
 rc=0
 workers="${TOPO_DP_TEST_WORKERS:-3}"

@@ -13,7 +13,7 @@ publisher on. The nodes differ below the count:
 Six such pods: the default scheduler counts devices, binds pods to the split nodes, and their kubelets refuse
 them (`TopologyAffinityError`), again as the freed capacity draws the pending pods there. That run's figures
 (errors, time until every pod settled) are printed, never asserted against a number; what is asserted is
-what a user sees: two pods run, both on the node that can align them, every other pod refused by a
+what a user sees: the pods that run all run on the node that can align them, every other pod was refused by a
 kubelet for topology; and every node's published object says what its kubelet's pod-resources says is free.
 """
 
@@ -120,8 +120,10 @@ def _settled(pod: dict[str, Any]) -> bool:
 
 
 def run_workload(c: Cluster, image: str, scheduler: str | None, timeout: float = 600) -> dict[str, Any]:
-    """Create the six pods at once; wait until two run and every other pod is Failed or (with a topology-aware
-    scheduler) Pending as unschedulable; return what each pod ended as, and the seconds it took."""
+    """Create the six pods at once and wait until each has settled: Running or Failed (refused by its kubelet)
+    and, with a topology-aware scheduler (`scheduler` set), Pending as unschedulable; return what each pod ended
+    as, and the seconds it took. With the default scheduler nothing stays Pending: a refused pod frees what it
+    was given, and a pending one is bound again, until each has run or been refused."""
     start = time.monotonic()
     for i in range(PODS):
         pod = workload(f"tm-{i}", image, ASK)
@@ -132,13 +134,13 @@ def run_workload(c: Cluster, image: str, scheduler: str | None, timeout: float =
 
     def done():
         pods = _pods(c)
-        running = [p for p in pods if p["status"].get("phase") == "Running"]
-        failed = [p for p in pods if p["status"].get("phase") == "Failed"]
-        unschedulable = [p for p in pods if any(x.get("reason") == "Unschedulable"
-                                                for x in p["status"].get("conditions", []))]
-        return len(pods) == PODS and len(running) == 2 and len(running) + len(failed) + len(unschedulable) == PODS
+        ended = [p for p in pods if p["status"].get("phase") in ("Running", "Failed")]
+        waiting = [p for p in pods if scheduler and p["status"].get("phase") == "Pending"
+                   and any(x.get("reason") == "Unschedulable" for x in p["status"].get("conditions", []))]
+        return len(pods) == PODS and len(ended) + len(waiting) == PODS
+    what = "every pod Running, refused" + (" or unschedulable" if scheduler else "")
     try:
-        wait_for("two pods Running, every other one refused or unschedulable", done, timeout, interval=1)
+        wait_for(what, done, timeout, interval=1)
     except TimeoutError as e:
         raise TimeoutError(f"{e}\n{diagnose(c)}") from None
     seconds = time.monotonic() - start
@@ -191,10 +193,13 @@ def test_default_scheduler_sends_pods_to_nodes_that_cannot_align_them(three, rec
     pods = result["pods"]
     running = [p for p in pods if p["phase"] == "Running"]
     refused = [p for p in pods if p["phase"] == "Failed"]
-    assert {p["node"] for p in running} == {NODE}, pods
+    # Only the node that can align 4 + 4 runs any; every pod the scheduler sent elsewhere its kubelet refused.
+    assert running and {p["node"] for p in running} == {NODE}, pods
+    assert len(running) + len(refused) == PODS, pods
     assert refused and all(p["reason"] == "TopologyAffinityError" and p["node"] in SPLIT for p in refused), pods
-    record_property("measured: default scheduler, 6 pods of 4 GPUs + 4 NICs on 3 nodes",
-                    f"{len(refused)} TopologyAffinityError, settled in {result['seconds']:.0f} s")
+    record_property("measured: default scheduler, 6 pods of 4 GPUs + 4 NICs on 3 nodes (1 can align 2 of them)",
+                    f"{len(running)} running, {len(refused)} TopologyAffinityError, settled in "
+                    f"{result['seconds']:.0f} s")
     # While the two pods run, every node's object says what its kubelet says is free.
     prs = {NODE: c.podresources, **{n: w.podresources for n, w in three["workers"].items()}}
     for name, pr in prs.items():

@@ -86,8 +86,28 @@ def busybox_archive() -> pathlib.Path:
     return out
 
 
+#: Debian packages the podman path needs (podman's network backend and its DNS for two nodes; the root filesystems).
+PACKAGES = ("podman", "netavark", "aardvark-dns", "mmdebstrap")
+
+
+def host_ready() -> None:
+    """The project installs what it needs: the Debian packages, and the one host change the podman provider
+    requires (an empty /lib/modules: kind bind-mounts it into every node and podman, unlike dockerd, does not
+    create a missing bind source). Both only as root; without root the build says so (exit 77)."""
+    if os.geteuid() != 0:
+        return
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "debian_packages.sh"), *PACKAGES],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise node_image.Unavailable(f"installing {' '.join(PACKAGES)} failed:\n{proc.stderr[-2000:]}")
+    if not os.path.isdir("/lib/modules"):
+        os.mkdir("/lib/modules")
+        print("[kind-node] created an empty /lib/modules (kind's podman provider bind-mounts it)", flush=True)
+
+
 def prepare() -> dict[str, str]:
     """Everything run.sh's podman path needs, as environment variables."""
+    host_ready()
     built = node_image.main_stages(["kind", "node"])
     kind = pathlib.Path(str(built["kind"]))
     img = build_image.build(build_image.default_cache())

@@ -1,7 +1,8 @@
 """The chart on a kind cluster (tests/e2e/kind/run.sh): with Docker, or here through podman.
 
 With a Docker engine run.sh uses kind's own node image. Without one, with KIND_PODMAN=1 in the
-environment (as root, podman installed: opt-in, it is not in CI's budget yet), it builds a node image here (node_image.py; cold about 15 minutes on 2 cores, cached afterwards)
+environment (scripts/test.sh sets it; as root: the Debian packages and an empty /lib/modules are set up by
+kind_cluster.py), it builds a node image here (node_image.py; cold about 15 minutes on 2 cores, cached afterwards)
 and runs the same scenarios through kind's podman provider. Where neither can work the script
 prints the reason and exits 77; this test then skips with that reason (visible with -rs, which
 the project's pytest options include). Serialize it with the other cluster e2e
@@ -10,6 +11,7 @@ the project's pytest options include). Serialize it with the other cluster e2e
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -25,6 +27,8 @@ def test_chart_on_kind():
         reason = next((line[len("SKIP: "):] for line in proc.stdout.splitlines() if line.startswith("SKIP: ")),
                       "run.sh skipped")
         print(f"\nSKIP (tests/e2e/kind): {reason}", file=sys.stderr)
+        if os.environ.get("TOPO_DP_REQUIRE_KUBELET_E2E") == "1":
+            pytest.fail(f"kind e2e required (TOPO_DP_REQUIRE_KUBELET_E2E=1, as in CI) but: {reason}")
         pytest.skip(f"kind e2e: {reason}")
     # The stage lines (with their times since the start) belong in the test's output either way.
     print("\n" + "\n".join(line for line in proc.stdout.splitlines()
