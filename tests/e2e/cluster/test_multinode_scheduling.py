@@ -199,7 +199,7 @@ def test_default_scheduler_sends_pods_to_nodes_that_cannot_align_them(three, rec
     assert refused and all(p["reason"] == "TopologyAffinityError" and p["node"] in SPLIT for p in refused), pods
     record_property("measured: default scheduler, 6 pods of 4 GPUs + 4 NICs on 3 nodes (1 can align 2 of them)",
                     f"{len(running)} running, {len(refused)} TopologyAffinityError, settled in "
-                    f"{result['seconds']:.0f} s")
+                    f"{result['seconds']:.1f} s")
     # While the two pods run, every node's object says what its kubelet says is free.
     prs = {NODE: c.podresources, **{n: w.podresources for n, w in three["workers"].items()}}
     for name, pr in prs.items():
