@@ -27,7 +27,7 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e" / "cluster"))
-from sandbox import Sandbox, wait_for  # the framework lives beside the cluster modules
+from sandbox import Gone, Sandbox, wait_for  # the framework lives beside the cluster modules
 
 NODE = "topo-e2e"
 GPU = "nvidia.com/gpu"
@@ -113,7 +113,7 @@ class StandaloneKubelet:
 
         def healthy() -> bool:
             if not self.sb.running("kubelet"):
-                raise RuntimeError(f"the kubelet exited:\n{self.sb.tail('kubelet')}")
+                raise Gone(f"the kubelet exited:\n{self.sb.tail('kubelet')}")  # stop waiting: it cannot come up
             return self.sb.http_get(f"http://127.0.0.1:{HEALTHZ_PORT}/healthz", timeout=2) == "ok"
 
         wait_for("kubelet healthz", healthy, 180)
