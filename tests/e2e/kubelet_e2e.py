@@ -16,6 +16,7 @@ tests/e2e/test_kubelet_containerd.py (in-process) and by scripts/device/gpu_node
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import signal
@@ -212,7 +213,10 @@ class StandaloneKubelet:
 
 
 def start_daemon(sb: Sandbox, python: str, argv: list[str], pythonpath: str = str(ROOT)) -> None:
-    """Our daemon in the sandbox (`python -m plugin` + `argv`), its kubelet directory the sandbox's."""
+    """Our daemon in the sandbox (`python -m plugin` + `argv`), its kubelet directory the sandbox's. A relative
+    `python` is made absolute here: nsenter's entry into the mount namespace moves the working directory to /."""
+    if os.sep in python:
+        python = os.path.abspath(python)
     sb.spawn("daemon", [python, "-m", "plugin", *argv], env={"PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"})
 
 
