@@ -1,9 +1,10 @@
 """One GPU node, end to end: the real kubelet allocates a GPU through our device plugin, and the container
 runs the driver's `nvidia-smi -L` from the mounts of NVIDIA's toolkit's CDI spec.
 
-Run by scripts/device/real_gpu_check.sh inside a private mount (and network) namespace:
+Run by scripts/device/real_gpu_check.sh, as root (it makes its own private namespaces):
 
-    python3 scripts/device/gpu_node_check.py --mode real|simulated --workdir W --bin DIR --images DIR --out R.json
+    python3 scripts/device/gpu_node_check.py --mode real|simulated --workdir W --bin DIR --images DIR --out R.json \
+        [--no-private-network]
 
 What runs (every part real except, in `simulated` mode, the driver):
 1. the driver root: `real`, the node's own (the directory holding libnvidia-ml.so.*: `/` or
@@ -21,8 +22,9 @@ What runs (every part real except, in `simulated` mode, the driver):
 6. the verdict: the UUIDs `nvidia-smi -L` printed equal the device IDs the kubelet recorded for the
    container (its device-manager checkpoint), and the container has exactly those GPUs' /dev/nvidia<minor>.
 
-Everything observed goes into R.json; the last line printed is the verdict. The kubelet, containerd and
-pod plumbing is tests/e2e/kubelet_e2e.py's (the same code the real-kubelet e2e runs).
+Everything observed goes into R.json; the last line printed is the verdict. The namespaces, processes,
+containerd and teardown are the e2e framework's (tests/e2e/cluster/sandbox.py), the standalone kubelet and
+its static pods tests/e2e/kubelet_e2e.py's: the same code the real-kubelet e2e runs.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ import re
 import subprocess
 import sys
 import time
+import traceback
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests" / "e2e"), str(ROOT / "tests" / "support"), str(ROOT)]
 
 import kubelet_e2e as ke
-from kubelet_e2e import BUSYBOX, GPU, PAUSE, check_private_namespace, log
+from kubelet_e2e import BUSYBOX, GPU, log
+from sandbox import Sandbox, wait_for  # kubelet_e2e put tests/e2e/cluster on sys.path
 
 SIMULATE = "dgx-h100"
 POD = "gpu-check"
@@ -57,12 +61,19 @@ def driver_root_real() -> pathlib.Path:
     raise RuntimeError("no libnvidia-ml.so.<version> under / or /usr/local/nvidia: is the NVIDIA driver installed?")
 
 
-class GpuCheck(ke.E2E):
+class GpuCheck:
+    """The check on one sandboxed node: the toolkit's spec, containerd v2 with CDI, our daemon, the kubelet, one pod."""
+
     def __init__(self, a: argparse.Namespace):
-        super().__init__(a)
+        self.a = a
+        self.w = pathlib.Path(a.workdir).resolve()
         self.bin = pathlib.Path(a.bin).resolve()
         self.toolkit_dir = self.w / "cdi-toolkit"
         self.our_cdi = self.w / "cdi-ours"
+        self.result: dict[str, Any] = {}
+        self.t0 = time.monotonic()
+        self.sb = Sandbox(self.w, hostname=ke.NODE, address=None, private_network=a.private_network)
+        self.kubelet = ke.StandaloneKubelet(self.sb, str(self.bin / "kubelet"))
 
     # ---- the toolkit's spec ----
     def driver_root(self) -> tuple[pathlib.Path, dict[str, Any]]:
@@ -99,29 +110,19 @@ class GpuCheck(ke.E2E):
 
     # ---- components (containerd v2 with CDI, our daemon in CDI external mode) ----
     def start_containerd(self) -> None:
-        d = self.w / "containerd"
-        d.mkdir(parents=True, exist_ok=True)
         self.our_cdi.mkdir(parents=True, exist_ok=True)
-        text = ke.CONTAINERD_CONFIG.format(root=d / "root", state=d / "state", sock=self.sock, pause=PAUSE, w=d)
-        anchor = "  restrict_oom_score_adj = true\n"
-        dirs = json.dumps([str(self.toolkit_dir), str(self.our_cdi)])
-        text = text.replace(anchor, anchor + f"  enable_cdi = true\n  cdi_spec_dirs = {dirs}\n")
-        (d / "config.toml").write_text(text)
-        self.spawn("containerd", [str(self.bin / "containerd"), "--config", str(d / "config.toml")],
-                   env={"PATH": f"{self.bin}:{os.environ.get('PATH', '')}"})
-        self.wait_for("containerd socket", lambda: os.path.exists(self.sock), 120)
-        for tar in ("busybox.tar", "pause.tar"):
-            self.ctr("images", "import", str(pathlib.Path(self.a.images) / tar))
+        ke.start_containerd(self.sb, pathlib.Path(self.a.images), str(self.bin / "containerd"),
+                            cdi_dirs=(str(self.toolkit_dir), str(self.our_cdi)))
 
     def start_daemon(self) -> None:
-        argv = [self.a.python, "-m", "plugin", "serve", "--kubelet-root-dir", "/var/lib/kubelet",
+        argv = ["serve", "--kubelet-root-dir", "/var/lib/kubelet",
                 "--device-list-strategy", "cdi-cri", "--cdi-specs", "external", "--no-pass-device-specs",
                 "--toolkit-cdi-dirs", str(self.toolkit_dir), "--cdi-spec-dir", str(self.our_cdi),
                 "--log-level", "debug"]
         if self.a.mode == "simulated":
             argv += ["--simulate", SIMULATE]
-        self.spawn("daemon", argv, env={"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get(
-            "PYTHONPATH")])), "PYTHONUNBUFFERED": "1"})
+        ke.start_daemon(self.sb, self.a.python, argv,
+                        pythonpath=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
     # ---- the pod ----
     def write_check_pod(self, spec: dict[str, Any], gpus: int) -> None:
@@ -143,14 +144,14 @@ class GpuCheck(ke.E2E):
             pod["spec"]["volumes"] = [{"name": "host-libc", "hostPath": {"path": "/lib/x86_64-linux-gnu"}}]
             pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "host-libc", "mountPath": "/host-libc",
                                                               "readOnly": True}]
-        (self.w / "manifests" / f"{POD}.json").write_text(json.dumps(pod))
+        self.kubelet.write_pod(POD, gpus, manifest=pod)
 
     def checkpoint(self) -> dict[str, Any]:
-        return json.loads(pathlib.Path("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint").read_text())
+        return self.kubelet.checkpoint()
 
     def wait_gpus(self, n: int, timeout: float = 180) -> dict[str, Any]:
         """The kubelet registered our GPUs: its device-manager checkpoint lists `n` (no pod-resources client here)."""
-        return self.wait_for(f"{n} GPUs registered with the kubelet", lambda: (lambda d: d if len(
+        return wait_for(f"{n} GPUs registered with the kubelet", lambda: (lambda d: d if len(
             (d["Data"].get("RegisteredDevices") or {}).get(GPU) or []) == n else None)(self.checkpoint()), timeout)
 
     def allocated(self) -> list[str]:
@@ -163,21 +164,22 @@ class GpuCheck(ke.E2E):
 
     def run(self) -> None:
         self.result["mode"] = self.a.mode
-        self.result["kubelet_version"] = ke.sh(self.a.kubelet, "--version").stdout.strip()
+        self.sb.start()
+        self.result["kubelet_version"] = self.kubelet.version()
         root, _ = self.driver_root()
         self.result["driver_root"] = str(root)
         spec = self.generate_spec(root)
         self.start_containerd()
         self.start_daemon()
-        self.result["kubelet_start_s"] = round(self.start_kubelet(), 2)
+        self.result["kubelet_start_s"] = round(self.kubelet.start(), 2)
         n_gpus = len([d for d in self.result["toolkit_spec"]["devices"] if d != "all"])
         self.wait_gpus(n_gpus)
         t = time.monotonic()
         self.write_check_pod(spec, self.a.gpus)
-        st = self.wait_phase(POD, ("Running", "Failed", "Succeeded"))
+        st = self.kubelet.wait_phase(POD, ("Running", "Failed", "Succeeded"))
         self.result["pod_phase"] = st["status"]["phase"]
-        text = self.wait_for("nvidia-smi's output", lambda: (lambda t: t if "SMI_RC=" in t else None)(
-            self.container_log(POD)), 120)
+        text = wait_for("nvidia-smi's output", lambda: (lambda t: t if "SMI_RC=" in t else None)(
+            self.kubelet.container_log(POD)), 120)
         self.result["pod_start_s"] = round(time.monotonic() - t, 2)
         lines = [ln.split(" ", 3)[-1] if ln[:4].isdigit() else ln for ln in text.splitlines()]  # CRI log prefix
         self.result["container_output"] = lines
@@ -223,28 +225,23 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--no-private-network", dest="private_network", action="store_false",
+                    help="a mount namespace only (where this machine refuses network namespaces)")
     a = ap.parse_args()
-    a.kubelet = str(pathlib.Path(a.bin) / "kubelet")
-    a.harness = ""
-    check_private_namespace()
+    # ctr, runc and the shim from the bundle first (containerd and the sandbox's `ctr` calls look them up in PATH).
     os.environ["PATH"] = f"{pathlib.Path(a.bin).resolve()}:{os.environ.get('PATH', '')}"
     e = GpuCheck(a)
-    e.w.mkdir(parents=True, exist_ok=True)
     try:
-        e.mounts()
         e.run()
     except Exception as ex:  # noqa: BLE001 - report, then still tear down
-        import traceback
-
         e.result["error"] = f"{type(ex).__name__}: {ex}"
         e.result["traceback"] = traceback.format_exc()
         log(e.result["traceback"])
     finally:
         try:
-            e.teardown()
-        except Exception as ex:  # noqa: BLE001
+            ke.close(e.sb, e.kubelet, e.result)
+        except Exception as ex:  # noqa: BLE001 - reported in the result; the verdict is then FAILED
             e.result["teardown_error"] = repr(ex)
-        e.result["logs"] = e.logs
         e.result["total_s"] = round(time.monotonic() - e.t0, 2)
         pathlib.Path(a.out).write_text(json.dumps(e.result, indent=1))
     print(verdict(e.result), flush=True)

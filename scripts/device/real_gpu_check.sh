@@ -7,7 +7,7 @@
 # `run` on the GPU machine (the device tool: carry [".device-bundle"], one command):
 #     bash scripts/device/real_gpu_check.sh run --out $OUT
 # unpacks the bundle into /tmp/topo-gpu-check, installs the wheels into /tmp/topo-gpu-check/site (no
-# network there), then runs the check in a private mount and network namespace against the node's own
+# network there), then runs the check in private mount and network namespaces against the node's own
 # driver. `--simulated` (here, root, after `scripts/kubelet_tests.sh prepare`): the same against a simulated
 # DGX H100's driver root (our NVML shim, a fake nvidia-smi), parts from the local caches when there is no
 # bundle. The last line printed is the verdict; DIR/gpu-check.json holds everything observed.
@@ -60,11 +60,12 @@ stamp "check ($mode)"
 args=(scripts/device/gpu_node_check.py --mode "$mode" --workdir "$W/run" --bin "$W/bin" --images "$W/images"
       --gpus "$gpus" --python "$py" --out "$out/gpu-check.json")
 rc=0
-if unshare --mount --net --propagation private true 2>/dev/null; then
-  unshare --mount --net --propagation private "$py" "${args[@]}" || rc=$?
-else  # a sandbox without network namespaces: the ports are free on a machine of its own
+# The check makes its own namespaces (tests/e2e/cluster/sandbox.py): mount, network and UTS where this
+# machine allows them; else a mount namespace only (the ports are free on a machine of its own).
+if ! unshare --mount --net --uts --propagation private true 2>/dev/null; then
   stamp "no network namespace here; private mount namespace only"
-  unshare --mount --propagation private "$py" "${args[@]}" || rc=$?
+  args+=(--no-private-network)
 fi
+"$py" "${args[@]}" || rc=$?
 stamp "done (exit $rc)"
 exit "$rc"

@@ -1,10 +1,11 @@
 """A real kubelet (the current line of tests/kubelet/k8s_versions.json) on Debian's containerd,
 with our daemon serving a simulated DGX A100 (8 GPUs, NUMA 0: 0-3, NUMA 1: 4-7).
 
-The whole run happens once (tests/e2e/kubelet_e2e.py, in a private mount namespace);
-each test below checks one part of what it observed.
+The whole run happens once (tests/e2e/kubelet_e2e.py, in this process, on the e2e framework
+tests/e2e/cluster/sandbox.py: private mount, network and UTS namespaces of its own, so it can run
+beside the cluster modules); each test below checks one part of what it observed.
 
-Needs root, containerd, runc, ctr and busybox-static (scripts/kubelet_tests.sh installs
+Needs root, containerd, runc, ctr, unshare and nsenter (scripts/kubelet_tests.sh installs
 them). Where they are missing the tests skip with the reason printed, except under
 TOPO_DP_REQUIRE_KUBELET_E2E=1 (CI), where that is a failure (kubelet_testlib.unavailable);
 a failed build always fails.
@@ -12,14 +13,13 @@ a failed build always fails.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 
 import kubelet_build
+import kubelet_e2e
 import pytest
 from kubelet_testlib import (
     GPU,
@@ -29,7 +29,6 @@ from kubelet_testlib import (
     discover,
     preferred_offline,
     unavailable,
-    unshare_prefix,
 )
 
 # The first test of a fresh machine builds the harness/kubelet (minutes on 2 cores;
@@ -37,28 +36,10 @@ from kubelet_testlib import (
 pytestmark = pytest.mark.timeout(1500)
 
 SIMULATE = "dgx-a100"
-REQUIRED_TOOLS = ("containerd", "runc", "ctr", "unshare", "mount")
+REQUIRED_TOOLS = ("containerd", "runc", "ctr", "unshare", "nsenter", "mount")
 
 
 WHAT = "the real-kubelet e2e (tests/e2e)"
-
-
-def _host_runs_a_real_node() -> str | None:
-    if os.path.exists("/run/containerd/containerd.sock"):
-        return "a containerd already serves /run/containerd/containerd.sock on this machine"
-    own = os.readlink("/proc/self/ns/mnt")
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-                ns = os.readlink(f"/proc/{pid}/ns/mnt")
-            except OSError:
-                continue
-            # A kubelet in a private mount namespace (another test's) sees its own
-            # /var/lib/kubelet, not this machine's.
-            if exe == "kubelet" and ns == own:
-                return f"a kubelet (pid {pid}) runs on this machine"
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +50,6 @@ def e2e(tmp_path_factory):
     if missing:
         unavailable(WHAT, f"missing {', '.join(missing)} (Debian packages containerd, runc; "
                      "`bash scripts/kubelet_tests.sh prepare` installs them)")
-    real = _host_runs_a_real_node()
-    if real:
-        unavailable(WHAT, f"{real}; this test is for throwaway machines only")
     kubelet = build_or_skip(f"{WHAT}: the kubelet binary", kubelet_build.kubelet_binary)
     harness = build_or_skip(f"{WHAT}: the Go harness", kubelet_build.harness_binary)
     images = build_or_skip(f"{WHAT}: the pod images", kubelet_build.e2e_images)
@@ -81,22 +59,15 @@ def e2e(tmp_path_factory):
 
     node = w / "node.yaml"
     node.write_text(builtin_text(SIMULATE))
-    out = w / "result.json"
-    # A private network namespace too: the kubelet's ports cannot clash with anything else
-    # running on this (shared, maybe busy) machine.
-    cmd = [*unshare_prefix(net=True), PYTHON, str(pathlib.Path(__file__).with_name("kubelet_e2e.py")),
-           "--workdir", str(w / "run"), "--kubelet", str(kubelet), "--harness", str(harness),
-           "--images", str(images["busybox"].parent), "--node-file", str(node), "--python", PYTHON, "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
-    result = json.loads(out.read_text()) if out.exists() else {}
-    if proc.returncode != 0 or "error" in result:
+    result = kubelet_e2e.run(w / "run", str(kubelet), str(harness), images["busybox"].parent, node, python=PYTHON)
+    if "error" in result or "teardown_error" in result:
         tails = []
         for files in (result.get("logs") or {}).values():
             for f in files[-1:]:
                 lines = pathlib.Path(f).read_text(errors="replace").splitlines()[-25:]
                 tails.append(f"--- {f}\n" + "\n".join(lines))
-        pytest.fail(f"e2e run failed ({proc.returncode}): {result.get('error')}\n{result.get('traceback', '')}\n"
-                    f"{proc.stderr[-3000:]}\n" + "\n".join(tails))
+        pytest.fail(f"e2e run failed: {result.get('error')}\n{result.get('traceback', '')}\n"
+                    f"teardown: {result.get('teardown_error')}\n" + "\n".join(tails))
     print(f"\nreal-kubelet e2e: containerd {result['containerd_start_s']}s, kubelet start {result['kubelet_start_s']}s, "
           f"registration {result['registration_s']}s, total {result['total_s']}s", file=sys.stderr)
     return result
@@ -167,3 +138,9 @@ def test_accounting_survives_kubelet_restarts(e2e, disc):
 def test_daemon_lived_through_it_and_exits_cleanly(e2e):
     assert e2e["daemon_running"]
     assert e2e["daemon_exit"] == 0
+
+
+def test_teardown_stopped_everything_by_its_pid(e2e):
+    # The sandbox kills and lists whatever is still in its namespaces after every process it
+    # started was stopped by its PID: a kubelet, daemon or shim that outlived its stop shows here.
+    assert e2e["leftovers"] == []

@@ -27,12 +27,31 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-# containerd's configuration is the standalone-kubelet e2e's (tests/e2e/kubelet_e2e.py): CNI
-# binaries and configs under the containerd directory, oom_score_adj clamped for this VM.
-from kubelet_e2e import CONTAINERD_CONFIG
-
 T = TypeVar("T")
+
+# containerd's configuration for every sandboxed node (the clusters' and the standalone kubelet's):
+# its root, state and socket under the sandbox's work directory, CNI binaries and configs beside them.
+CONTAINERD_CONFIG = """version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{sock}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  # This VM's root has no CAP_SYS_RESOURCE: runc cannot lower oom_score_adj to the
+  # kubelet's -998 for sandboxes, so clamp it at containerd's own value.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{w}/cni-bin"
+    conf_dir = "{w}/cni-conf"
+"""
 
 NODE_IP = "10.231.0.2"
 NODE_CIDR = "10.231.0.2/24"
@@ -91,13 +110,18 @@ class Sandbox:
     """The holder and everything started in its namespaces."""
 
     def __init__(self, workdir: pathlib.Path, hostname: str = "topo-node", address: str | None = NODE_CIDR,
-                 pod_subnet: str = POD_SUBNET):
+                 pod_subnet: str = POD_SUBNET, private_network: bool = True):
         """`address`: this node's address on a veth of its own (None: the caller links it, `link_to`);
-        `pod_subnet`: its pods' addresses (one per node of a cluster, so routes between nodes can tell them apart)."""
+        `pod_subnet`: its pods' addresses (one per node of a cluster, so routes between nodes can tell them apart);
+        `private_network=False`: mount namespace only, for a machine whose own sandbox refuses network and UTS
+        namespaces (the GPU machine may: scripts/device/real_gpu_check.sh probes); the ports are then this
+        machine's, and `address` is ignored."""
         self.w = workdir
         self.hostname = hostname
         self.address = address
         self.pod_subnet = pod_subnet
+        self.private_network = private_network
+        self.kinds = ("mnt", "net", "uts") if private_network else ("mnt",)
         self.w.mkdir(parents=True, exist_ok=True)
         self.logs_dir = self.w / "logs"
         self.logs_dir.mkdir(exist_ok=True)
@@ -112,15 +136,18 @@ class Sandbox:
 
     # ---- namespaces ----
     def start(self) -> None:
+        flags = ["--mount", "--net", "--uts"] if self.private_network else ["--mount"]
         self.holder = subprocess.Popen(
-            ["unshare", "--mount", "--net", "--uts", "--propagation", "private", "sleep", "infinity"],
+            ["unshare", *flags, "--propagation", "private", "sleep", "infinity"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        own = {k: _ns("self", k) for k in ("mnt", "net", "uts")}
+        own = {k: _ns("self", k) for k in self.kinds}
         wait_for("the namespace holder", lambda: all(_ns(self.holder.pid, k) not in (None, own[k]) for k in own), 30,
                  interval=0.05)
-        self.namespaces = {k: _ns(self.holder.pid, k) for k in ("mnt", "net")}
+        # Only namespaces of its own: `members` must not count the whole machine's network as ours.
+        self.namespaces = {k: _ns(self.holder.pid, k) for k in ("mnt", "net") if k in self.kinds}
         log(f"holder pid {self.holder.pid}: {self.namespaces}")
-        self.sh("hostname", self.hostname)
+        if self.private_network:
+            self.sh("hostname", self.hostname)
         # This machine's mounts below the overlaid directories (a /run/netns left by `ip netns`, say)
         # would lie hidden under the overlays yet stay in the namespace's mount table, where a lookup
         # of a path's mount by name finds them first (containerd's check that a HostToContainer
@@ -139,6 +166,8 @@ class Sandbox:
         self.sh("mkdir", "-p", "/var/lib/kubelet", "/run/containerd")
         self.sh("mount", "--bind", str(kubelet_dir), "/var/lib/kubelet")
         self.sh("mount", "-t", "tmpfs", "-o", "mode=0711", "tmpfs", "/run/containerd")
+        if not self.private_network:
+            return
         self.sh("ip", "link", "set", "lo", "up")
         if self.address is None:
             return
@@ -176,7 +205,8 @@ class Sandbox:
 
     def enter(self) -> list[str]:
         assert self.holder is not None
-        return ["nsenter", "-t", str(self.holder.pid), "-m", "-n", "-u", "--"]
+        flags = {"mnt": "-m", "net": "-n", "uts": "-u"}
+        return ["nsenter", "-t", str(self.holder.pid), *(flags[k] for k in self.kinds), "--"]
 
     def sh(self, *argv: str, check: bool = True, timeout: float = 120, env: dict[str, str] | None = None,
            input: str | None = None) -> subprocess.CompletedProcess:
@@ -216,6 +246,27 @@ class Sandbox:
                 p.kill()
                 p.wait(30)
         return p.returncode
+
+    @property
+    def kubelet_dir(self) -> pathlib.Path:
+        """What the namespaces see as /var/lib/kubelet (a bind mount of it): readable from outside."""
+        return self.w / "var-lib-kubelet"
+
+    def read_text(self, path: str) -> str:
+        """A file as the namespaces see it (below the overlays, say /var/log/pods)."""
+        return self.sh("cat", "--", path).stdout
+
+    def glob(self, pattern: str) -> list[str]:
+        """Paths matching a shell `pattern` as the namespaces see them, sorted; none: []."""
+        out = self.sh("sh", "-c", f"for f in {pattern}; do [ -e \"$f\" ] && echo \"$f\"; done; true").stdout
+        return sorted(out.split())
+
+    def http_get(self, url: str, timeout: float = 5) -> str:
+        """GET `url` from inside the network namespace (no curl needed: this interpreter does it); the body.
+        Raises RuntimeError (with the reason) unless the answer is 200."""
+        code = ("import sys,urllib.request;"
+                f"sys.stdout.write(urllib.request.urlopen({url!r}, timeout={timeout!r}).read().decode())")
+        return self.sh(sys.executable, "-c", code, timeout=timeout + 60).stdout
 
     def tail(self, name: str, lines: int = 30) -> str:
         files = self.logs.get(name) or []
@@ -317,15 +368,23 @@ class Sandbox:
 
     # ---- teardown ----
     def members(self) -> list[str]:
-        """PIDs in the holder's mount or network namespace, and everything below them."""
+        """PIDs in the holder's mount or network namespace, and everything below them.
+
+        Only namespaces the holder owns count, and a namespace that cannot be read (a kernel thread's,
+        PID 1's in some VMs) never matches: `close` SIGKILLs what this returns, so an unread namespace
+        matching a missing one would take PID 1's descendants, the whole machine (it once did)."""
+        ours = {k: v for k, v in self.namespaces.items() if v}
+        if not ours:
+            return []
         inside: set[str] = set()
         parents: dict[str, str | None] = {}
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or pid == str(os.getpid()):
                 continue
             parents[pid] = _ppid(pid)
-            if _ns(pid, "mnt") == self.namespaces.get("mnt") or _ns(pid, "net") == self.namespaces.get("net"):
+            if any(_ns(pid, kind) == ns for kind, ns in ours.items()):
                 inside.add(pid)
+        inside.discard("1")  # never this machine's init, whatever its namespaces read as
         grew = True
         while grew:
             grew = False
