@@ -105,8 +105,9 @@ def test_list_builtins_speaks_the_format_asked_for():
     assert all(r["description"] for r in rows)
 
 
-def test_a_second_daemon_on_one_plugin_directory_stops_and_the_first_keeps_its_sockets(tmp_path):
-    kubelet = tmp_path / "kubelet"
+def test_a_second_daemon_on_one_plugin_directory_stops_and_the_first_keeps_its_sockets(short_tmp):
+    # A short directory: the sockets' paths must stay under 107 bytes (pytest's tmp_path under workers may not).
+    kubelet = pathlib.Path(short_tmp) / "kubelet"
     kubelet.mkdir()
     first = subprocess.Popen([*ENTRY, "serve", "--simulate", "dgx-a100", "--kubelet-root-dir", str(kubelet)],
                              stderr=subprocess.PIPE, text=True, cwd=ROOT)

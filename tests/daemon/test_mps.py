@@ -30,11 +30,18 @@ sharing:
 """
 
 
+@pytest.fixture
+def mps_root(short_tmp) -> pathlib.Path:
+    """The MPS root in a short directory: the control daemon's pipe directory holds a unix socket, and a path
+    past 107 bytes cannot be bound (pytest's tmp_path under workers is longer)."""
+    return pathlib.Path(short_tmp) / "mps"
+
+
 @pytest.fixture(autouse=True)
-def no_standin_left(tmp_path):
+def no_standin_left(mps_root):
     """A daemon the fixture kills cannot quit its control daemon: end what a test left, by its pid file."""
     yield
-    for pid_file in tmp_path.glob("mps/*/pipe/nvidia-cuda-mps-control.pid"):
+    for pid_file in mps_root.glob("*/pipe/nvidia-cuda-mps-control.pid"):
         try:
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
         except (ProcessLookupError, ValueError):
@@ -52,8 +59,7 @@ def health(kubelet) -> set[str]:
     return {d.health for d in kubelet.devices(GPU).values()}
 
 
-def start(start_daemon, tmp_path: pathlib.Path) -> tuple[object, pathlib.Path]:
-    root = tmp_path / "mps"
+def start(start_daemon, tmp_path: pathlib.Path, root: pathlib.Path) -> tuple[object, pathlib.Path]:
     config = tmp_path / "c.yaml"
     config.write_text(MPS_CONFIG)
     daemon = start_daemon("--config", str(config), "--mps-root", str(root), "--mps-control-binary", STANDIN,
@@ -61,8 +67,8 @@ def start(start_daemon, tmp_path: pathlib.Path) -> tuple[object, pathlib.Path]:
     return daemon, root
 
 
-async def test_replicas_turn_healthy_once_the_control_daemon_has_its_defaults(kubelet, start_daemon, tmp_path):
-    _, root = start(start_daemon, tmp_path)
+async def test_replicas_turn_healthy_once_the_control_daemon_has_its_defaults(kubelet, start_daemon, tmp_path, mps_root):
+    _, root = start(start_daemon, tmp_path, mps_root)
     await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 32 and health(kubelet) == {"Healthy"}, timeout=60)
     uuids = list(dict.fromkeys(i.split("::")[0] for i in kubelet.devices(GPU)))  # the simulated GPUs' UUIDs
     told = records(root)
@@ -95,8 +101,8 @@ async def test_replicas_turn_healthy_once_the_control_daemon_has_its_defaults(ku
         raise AssertionError("two MPS replicas went to one container")
 
 
-async def test_a_dead_control_daemon_takes_its_replicas_unhealthy_until_restarted(kubelet, start_daemon, tmp_path):
-    daemon, root = start(start_daemon, tmp_path)
+async def test_a_dead_control_daemon_takes_its_replicas_unhealthy_until_restarted(kubelet, start_daemon, tmp_path, mps_root):
+    daemon, root = start(start_daemon, tmp_path, mps_root)
     await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 32 and health(kubelet) == {"Healthy"}, timeout=60)
     pid = int((root / "nvidia.com_gpu" / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
     os.kill(pid, signal.SIGKILL)
@@ -112,10 +118,10 @@ async def test_a_dead_control_daemon_takes_its_replicas_unhealthy_until_restarte
 
 
 async def test_a_missing_control_program_keeps_the_replicas_unhealthy_and_says_how_to_fix(
-        kubelet, start_daemon, tmp_path):
+        kubelet, start_daemon, tmp_path, mps_root):
     config = tmp_path / "c.yaml"
     config.write_text(MPS_CONFIG)
-    daemon = start_daemon("--config", str(config), "--mps-root", str(tmp_path / "mps"),
+    daemon = start_daemon("--config", str(config), "--mps-root", str(mps_root),
                           "--mps-control-binary", str(tmp_path / "no-such-program"))
     await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 32, timeout=60)
     assert health(kubelet) == {"Unhealthy"}
