@@ -8,12 +8,15 @@ the chart's NRT CRD. No kubelet: the nodes are fake Node objects (Ready, allocat
 their status), each with the NodeResourceTopology object our publisher would write for a built-in
 simulated topology (plugin/nrt/build.py, policy `single-numa-node`, scope `container`).
 
-Scheduling, per topology and scheduler (the default one, then the topology-aware one, same nodes): pods
+Scheduling, per topology and scheduler, same nodes: the default kube-scheduler; the topology-aware binary's
+second profile with the default plugins only (a control: same build, no NRT plugin); its
+`topo-aware-scheduler` profile with NodeResourceTopologyMatch (LeastNUMANodes). Pods
 asking one NUMA zone's worth of GPUs and NICs (dgx-h100: 4 GPUs + 4 NICs; pcie-2socket-4gpu-2nic:
 2 GPUs + 1 NIC), as many as the *aligned* capacity of the nodes. A share of the nodes (`--fragmented`)
 publish one GPU held in every zone (a pod the API server does not know holds it, or a stale count): by
 count they still fit two such pods, but no zone can give one aligned, so the kubelet would reject a pod
-bound there with TopologyAffinityError. Printed per case: pods bound, how many on a fragmented node,
+bound there with TopologyAffinityError (they are every 4th node by name at 0.25, not the last ones: a
+scheduler that walks nodes in order meets them as often as the others). Printed per case: pods bound, how many on a fragmented node,
 pods/s (first to last binding seen on a watch; the pods are created while that scheduler is stopped with
 SIGSTOP, so the bench's own create rate caps nothing), and the scheduler's CPU per pod
 (utime+stime from /proc/<pid>/stat, from its resume to the last binding). Pods stay bound (no kubelet).
@@ -65,6 +68,8 @@ from plugin.sources.simulated import load_simulated
 NRT_PATH = f"/apis/{API_VERSION}/{PLURAL}"
 SETTINGS = TopologyManagerSettings("single-numa-node", "container", "bench")
 LABEL = "nrt-scale"
+#: The topology-aware binary's second profile: default plugins only (the control).
+CONTROL = "topo-binary-default-plugins"
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,11 @@ class NrtControlPlane(drb.ControlPlane):
         p = PKI(self.w / "pki")
         kubeconfig = p.kubeconfig(p.issue("topo-scheduler", ts.USER), self.url)
         cfg = self.w / "topo-scheduler.json"
-        cfg.write_text(ts.scheduler_config(kubeconfig, self.topo_options))
+        config = json.loads(ts.scheduler_config(kubeconfig, self.topo_options))
+        # A control: the same binary with kube-scheduler's default plugins only, so the table separates
+        # what the plugin costs from what the build (its version, its flags) costs.
+        config["profiles"].append({"schedulerName": CONTROL})
+        cfg.write_text(json.dumps(config, indent=1))
         self.spawn("topo-scheduler", ts.argv(self.topo_binary, cfg, kubeconfig, self.topo_options))
 
         async def healthy() -> bool:
@@ -161,9 +170,11 @@ class NrtControlPlane(drb.ControlPlane):
         await super().down()
 
     async def make_fleet(self, f: Fleet, nodes: int, fragmented: float) -> tuple[list[str], set[str]]:
-        """`nodes` nodes of `f`'s topology with their NRT objects; the fragmented ones are the last share."""
+        """`nodes` nodes of `f`'s topology with their NRT objects, a share `fragmented` of them fragmented."""
         names = [f"n{i:04d}" for i in range(nodes)]
-        frag = set(names[nodes - round(nodes * fragmented):])
+        # Spread over the names (every 4th at 0.25): a scheduler that walks nodes in name order meets them as
+        # often as the others.
+        frag = {n for i, n in enumerate(names) if int((i + 1) * fragmented) > int(i * fragmented)}
         if self.fleet_of == (f.topology, nodes, fragmented):
             return names, frag
         if self.fleet_of is not None:
@@ -218,9 +229,11 @@ class Case:
 
 
 async def run_case(cp: NrtControlPlane, case: int, f: Fleet, nodes: int, fragmented: float,
-                   scheduler: str) -> Case:
+                   scheduler: str, max_pods: int) -> Case:
     names, frag = await cp.make_fleet(f, nodes, fragmented)
     n_pods = (nodes - len(frag)) * f.per_node
+    if max_pods:
+        n_pods = min(n_pods, max_pods)
     ns = f"bench-{case}"
     await cp.req("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     pid = cp.pid("kube-scheduler" if scheduler == "default-scheduler" else "topo-scheduler")
@@ -262,6 +275,14 @@ async def run_case(cp: NrtControlPlane, case: int, f: Fleet, nodes: int, fragmen
     result = Case(f.topology, scheduler, nodes, len(frag), n_pods, len(bound),
                   sum(1 for _, n in bound.values() if n in frag), (len(times) - 1) / span if span else 0.0,
                   (cpu1 - cpu0) / max(1, len(bound)) * 1000, os.getloadavg()[0])
+    if len(bound) < n_pods:  # say why, from one pending pod's PodScheduled condition
+        for p in (await cp.req("GET", f"/api/v1/namespaces/{ns}/pods"))["items"]:
+            if not p["spec"].get("nodeName"):
+                why = [c.get("message") for c in p.get("status", {}).get("conditions") or ()
+                       if c.get("type") == "PodScheduled"]
+                print(f"(case {case}: {n_pods - len(bound)} pods not bound; {p['metadata']['name']}: {why})",
+                      file=sys.stderr, flush=True)
+                break
     # No kubelet: with grace 0 the pods are gone at once; wait until they are, so the next case's
     # schedulers see the nodes empty again.
     await cp.req("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
@@ -270,7 +291,7 @@ async def run_case(cp: NrtControlPlane, case: int, f: Fleet, nodes: int, fragmen
         return not (await cp.req("GET", f"/api/v1/namespaces/{ns}/pods?limit=1")).get("items")
 
     await cp.wait("the case's pods deleted", empty, "kube-apiserver", 300)
-    await asyncio.sleep(2)
+    await asyncio.sleep(5)  # and the schedulers' caches have let them go
     return result
 
 
@@ -371,6 +392,8 @@ async def main() -> None:
     ap.add_argument("--fragmented", type=float, default=0.25,
                     help="share of nodes publishing one held GPU per zone (count fits, alignment does not)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per case")
+    ap.add_argument("--max-pods", type=int, default=0,
+                    help="at most this many pods per case (0: the aligned capacity of the clean nodes)")
     ap.add_argument("--scheduler-qps", type=int, default=5000,
                     help="both schedulers' client rate limit (kube-scheduler's default is 50)")
     ap.add_argument("--churn-nodes", type=int, default=100, help="nodes whose writers churn (0: no churn part)")
@@ -402,9 +425,9 @@ async def main() -> None:
         for nodes in counts:
             for t, f in shapes.items():
                 for _ in range(o.repeat):
-                    for scheduler in ("default-scheduler", ts.SCHEDULER_NAME):
+                    for scheduler in ("default-scheduler", CONTROL, ts.SCHEDULER_NAME):
                         case += 1
-                        r = await run_case(cp, case, f, nodes, o.fragmented, scheduler)
+                        r = await run_case(cp, case, f, nodes, o.fragmented, scheduler, o.max_pods)
                         print(f"| {r.nodes} | {r.topology} | {r.scheduler} | {r.fragmented_nodes} | {r.pods} "
                               f"| {r.bound} | {r.on_fragmented} | {r.pods_per_s:.1f} | {r.cpu_ms_per_pod:.2f} "
                               f"| {r.load:.1f} |", flush=True)
