@@ -238,20 +238,33 @@ async def run_case(cp: NrtControlPlane, case: int, f: Fleet, nodes: int, fragmen
     await cp.req("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     pid = cp.pid("kube-scheduler" if scheduler == "default-scheduler" else "topo-scheduler")
     bound: dict[str, tuple[float, str]] = {}
-    rv = (await cp.req("GET", f"/api/v1/namespaces/{ns}/pods"))["metadata"]["resourceVersion"]
     done = asyncio.Event()
 
+    def record(obj: dict[str, Any]) -> None:
+        name, node = obj.get("metadata", {}).get("name"), obj.get("spec", {}).get("nodeName")
+        if node and name not in bound:
+            bound[name] = (time.monotonic(), node)
+            if len(bound) == n_pods:
+                done.set()
+
     async def watch() -> None:
-        url = f"{cp.url}/api/v1/namespaces/{ns}/pods?watch=1&resourceVersion={rv}&timeoutSeconds=900"
-        async with cp.session.get(url, timeout=aiohttp.ClientTimeout(total=None)) as r:
-            async for line in r.content:
-                obj = json.loads(line).get("object", {})
-                name, node = obj.get("metadata", {}).get("name"), obj.get("spec", {}).get("nodeName")
-                if node and name not in bound:
-                    bound[name] = (time.monotonic(), node)
-                    if len(bound) == n_pods:
-                        done.set()
-                        return
+        """Bindings as they happen; a watch that ends or breaks is resumed from a fresh list (its
+        bindings counted at that moment), so no binding goes uncounted."""
+        while not done.is_set():
+            listed = await cp.req("GET", f"/api/v1/namespaces/{ns}/pods")
+            for obj in listed.get("items", ()):
+                record(obj)
+            url = (f"{cp.url}/api/v1/namespaces/{ns}/pods?watch=1&allowWatchBookmarks=false"
+                   f"&resourceVersion={listed['metadata']['resourceVersion']}&timeoutSeconds=900")
+            try:
+                async with cp.session.get(url, timeout=aiohttp.ClientTimeout(total=None)) as r:
+                    while not done.is_set():
+                        line = await r.content.readline()
+                        if not line:
+                            break
+                        record(json.loads(line).get("object", {}))
+            except (aiohttp.ClientError, ValueError) as e:
+                print(f"(case {case}: the watch broke, {type(e).__name__}: {e}; resumed)", file=sys.stderr, flush=True)
 
     watcher = asyncio.create_task(watch())
     await asyncio.sleep(0.2)
