@@ -128,6 +128,13 @@ cluster_prepare() {
     fi
     [ "$rc" = 0 ] || exit "$rc"
   done
+  # scheduler-plugins' topology-aware scheduler (tests/e2e/cluster/topo_scheduler.py), from its Go module.
+  stage_start "cluster: topo-scheduler"
+  local rc=0
+  bash scripts/go_build_cached.sh tests/e2e/cluster/topo_scheduler topo-scheduler >/dev/null || rc=$?
+  stage_end
+  if [ "$rc" = 3 ] && [ "${TOPO_DP_REQUIRE_KUBELET_E2E:-}" != 1 ]; then return 0; fi
+  [ "$rc" = 0 ] || exit "$rc"
 }
 
 run_tests() {
