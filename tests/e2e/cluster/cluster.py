@@ -271,7 +271,9 @@ class Cluster:
         # The other nodes' kubelets first: the API server they talk to stops with this sandbox.
         for node in reversed(self.workers):
             node.down()
-        self.sb.close(order=STOP_ORDER)
+        # Whatever a test started beside the cluster (a second scheduler, a driver) is an API client too: first.
+        extra = [n for n in reversed(list(self.sb.procs)) if n not in STOP_ORDER and n != "containerd"]
+        self.sb.close(order=(*extra, *STOP_ORDER))
 
     # ---- clients ----
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,

@@ -206,3 +206,34 @@ def test_default_scheduler_sends_pods_to_nodes_that_cannot_align_them(three, rec
         wait_for(f"{name}'s published availability to match its pod-resources",
                  lambda name=name, pr=pr: published_matches(c, name, pr()), 120)
     delete_all(c)
+
+
+def test_topology_aware_scheduler_binds_only_where_the_kubelet_can_align(three, record_property):
+    """The same six pods under scheduler-plugins' NodeResourceTopologyMatch (tests/e2e/cluster/topo_scheduler.py),
+    reading the objects our daemons publish: no pod is refused by a kubelet; two run, both on the node that can
+    align them, and the rest stay Pending with the scheduler's reason."""
+    from topo_scheduler import SCHEDULER_NAME, TopoScheduler
+
+    c = three["c"]
+    scheduler = TopoScheduler(c)
+    scheduler.start()
+    try:
+        result = run_workload(c, three["image"], scheduler=SCHEDULER_NAME)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{scheduler.logs_tail()}") from None
+    pods = result["pods"]
+    running = [p for p in pods if p["phase"] == "Running"]
+    refused = [p for p in pods if p["phase"] == "Failed"]
+    pending = [p for p in pods if p["phase"] == "Pending"]
+    assert not refused, pods
+    assert len(running) == 2 and {p["node"] for p in running} == {NODE}, pods
+    assert len(pending) == PODS - 2 and all(p["reason"] == "Unschedulable" and p["node"] is None for p in pending), pods
+    assert all("cannot align" in p["message"] for p in pending), pods
+    record_property("measured: topology-aware scheduler, the same 6 pods",
+                    f"{len(running)} running, {len(refused)} TopologyAffinityError, {len(pending)} unschedulable "
+                    f"({pending[0]['message'][:120]!r}), settled in {result['seconds']:.1f} s")
+    prs = {NODE: c.podresources, **{n: w.podresources for n, w in three["workers"].items()}}
+    for name, pr in prs.items():
+        wait_for(f"{name}'s published availability to match its pod-resources",
+                 lambda name=name, pr=pr: published_matches(c, name, pr()), 120)
+    delete_all(c)
