@@ -307,9 +307,10 @@ class Cluster:
         return self.node()["status"].get("capacity", {})
 
     def podresources(self) -> dict[str, Any]:
-        """The kubelet's pod-resources API (List + GetAllocatableResources), through the Go harness."""
-        sock = self.w / "var-lib-kubelet" / "pod-resources" / "kubelet.sock"
-        out = self.sb.sh(str(self.bins.harness), "-mode", "podresources", "-socket", str(sock))
+        """The kubelet's pod-resources API (List + GetAllocatableResources), through the Go harness (run in the
+        node's mount namespace, so the socket's short path there: a host path can pass the 107-byte limit)."""
+        sock = "/var/lib/kubelet/pod-resources/kubelet.sock"
+        out = self.sb.sh(str(self.bins.harness), "-mode", "podresources", "-socket", sock)
         return json.loads(out.stdout)
 
     def checkpoint(self) -> list[dict[str, Any]]:
@@ -360,7 +361,9 @@ class WorkerNode:
         self.index = index
         self.name = name
         self.ip = f"10.233.{index}.2"
-        self.w = cluster.w / f"node-{name}"
+        # Short: unix socket paths under it (containerd's) must stay below 107 bytes, and pytest's tmp_path under
+        # workers is long already.
+        self.w = cluster.w / f"n{index}"
         self.sb = Sandbox(self.w, hostname=name, address=None, pod_subnet=f"10.232.{index}.0/24")
         self.files = self.w / "node-files"
         self.tm_policy = "none"
@@ -402,8 +405,10 @@ class WorkerNode:
         return conds.get("Ready") == "True"
 
     def podresources(self) -> dict[str, Any]:
-        sock = self.w / "var-lib-kubelet" / "pod-resources" / "kubelet.sock"
-        return json.loads(self.sb.sh(str(self.c.bins.harness), "-mode", "podresources", "-socket", str(sock)).stdout)
+        # The socket by its path inside the node's mount namespace (the harness runs there): the host path of a
+        # worker node's kubelet directory can be past the 107-byte limit of a unix socket's path.
+        sock = "/var/lib/kubelet/pod-resources/kubelet.sock"
+        return json.loads(self.sb.sh(str(self.c.bins.harness), "-mode", "podresources", "-socket", sock).stdout)
 
     def down(self) -> None:
         self.sb.close(order=("kubelet",))
