@@ -160,20 +160,34 @@ def delete_all(c: Cluster) -> None:
     wait_for("the workload's pods gone", lambda: not _pods(c), 180)
 
 
-def published_matches(c: Cluster, name: str, pr: dict[str, Any]) -> bool:
-    """Node `name`'s NodeResourceTopology says free exactly what its kubelet's pod-resources says is free."""
-    proc = c.kubectl("get", NRT, name, "-o", "json", check=False)
-    if proc.returncode != 0:
-        return False
-    got = available(json.loads(proc.stdout))
+def _free(pr: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """Per (zone, resource): the devices the kubelet's pod-resources lists and no container holds."""
     held = {(res, dev) for p in pr.get("pods") or [] for ctr in p.get("containers") or []
             for res, devs in (ctr.get("devices") or {}).items() for dev in devs}
-    want: dict[tuple[str, str], int] = {}
+    free: dict[tuple[str, str], int] = {}
     for res, devs in (pr.get("allocatable") or {}).items():
         for did, numa in devs.items():
             key = (f"node-{numa[0]}", res)
-            want[key] = want.get(key, 0) + ((res, did) not in held)
-    return all(got.get(k) == v for k, v in want.items()) and bool(want)
+            free[key] = free.get(key, 0) + ((res, did) not in held)
+    return free
+
+
+def _published(c: Cluster, name: str) -> dict[tuple[str, str], int] | None:
+    proc = c.kubectl("get", NRT, name, "-o", "json", check=False)
+    return available(json.loads(proc.stdout)) if proc.returncode == 0 else None
+
+
+def published_matches(c: Cluster, name: str, pr: dict[str, Any]) -> bool:
+    """Node `name`'s NodeResourceTopology says free exactly what its kubelet's pod-resources says is free."""
+    got, want = _published(c, name), _free(pr)
+    return got is not None and bool(want) and all(got.get(k) == v for k, v in want.items())
+
+
+def wait_every_node_matches(c: Cluster, workers: dict[str, WorkerNode]) -> None:
+    prs = {NODE: c.podresources, **{n: w.podresources for n, w in workers.items()}}
+    for name, pr in prs.items():
+        wait_for(f"{name}'s published availability to match its pod-resources",
+                 lambda name=name, pr=pr: published_matches(c, name, pr()), 120)
 
 
 def test_three_kubelets_join_one_control_plane_each_with_its_own_topology(three):
@@ -202,10 +216,7 @@ def test_default_scheduler_sends_pods_to_nodes_that_cannot_align_them(three, rec
                     f"{len(running)} running, {len(refused)} TopologyAffinityError, settled in "
                     f"{result['seconds']:.1f} s")
     # While the two pods run, every node's object says what its kubelet says is free.
-    prs = {NODE: c.podresources, **{n: w.podresources for n, w in three["workers"].items()}}
-    for name, pr in prs.items():
-        wait_for(f"{name}'s published availability to match its pod-resources",
-                 lambda name=name, pr=pr: published_matches(c, name, pr()), 120)
+    wait_every_node_matches(c, three["workers"])
     delete_all(c)
 
 
@@ -233,10 +244,7 @@ def test_topology_aware_scheduler_binds_only_where_the_kubelet_can_align(three, 
     record_property("measured: topology-aware scheduler, the same 6 pods",
                     f"{len(running)} running, {len(refused)} TopologyAffinityError, {len(pending)} unschedulable "
                     f"({pending[0]['message'][:120]!r}), settled in {result['seconds']:.1f} s")
-    prs = {NODE: c.podresources, **{n: w.podresources for n, w in three["workers"].items()}}
-    for name, pr in prs.items():
-        wait_for(f"{name}'s published availability to match its pod-resources",
-                 lambda name=name, pr=pr: published_matches(c, name, pr()), 120)
+    wait_every_node_matches(c, three["workers"])
     delete_all(c)
 
 
@@ -246,20 +254,27 @@ def _node_daemon(c: Cluster, node: str) -> dict[str, Any] | None:
     return pods[0] if len(pods) == 1 else None
 
 
-def _overclaims(c: Cluster, name: str, pr: dict[str, Any]) -> list[str]:
-    """Zones where node `name`'s object says more devices are free than its kubelet's pod-resources does."""
-    proc = c.kubectl("get", NRT, name, "-o", "json", check=False)
-    if proc.returncode != 0:
-        return []
-    got = available(json.loads(proc.stdout))
-    held = {(res, dev) for p in pr.get("pods") or [] for ctr in p.get("containers") or []
-            for res, devs in (ctr.get("devices") or {}).items() for dev in devs}
-    free: dict[tuple[str, str], int] = {}
-    for res, devs in (pr.get("allocatable") or {}).items():
-        for did, numa in devs.items():
+def _overclaims(c: Cluster, name: str, pr: dict[str, Any], topo: dict[str, dict[str, list[int]]]) -> list[str]:
+    """Zones where node `name`'s object says more devices are free than are not held by a container.
+
+    `topo` (resource -> device ID -> NUMA nodes) is the node's layout read while its daemon served: while the
+    daemon is away the kubelet lists none of its devices as allocatable, which makes them unavailable, not
+    held; what must never happen is that the object counts a held device as free."""
+    held: dict[tuple[str, str], int] = {}
+    for p in pr.get("pods") or []:
+        for ctr in p.get("containers") or []:
+            for res, devs in (ctr.get("devices") or {}).items():
+                for dev in devs:
+                    key = (f"node-{topo[res][dev][0]}", res)
+                    held[key] = held.get(key, 0) + 1
+    capacity: dict[tuple[str, str], int] = {}
+    for res, devs in topo.items():
+        for numa in devs.values():
             key = (f"node-{numa[0]}", res)
-            free[key] = free.get(key, 0) + ((res, did) not in held)
-    return [f"{k}: published {v}, free {free.get(k, 0)}" for k, v in got.items() if v > free.get(k, 0)]
+            capacity[key] = capacity.get(key, 0) + 1
+    got = _published(c, name) or {}
+    return [f"{k}: published {v} free, {held.get(k, 0)} of {capacity.get(k, 0)} held" for k, v in got.items()
+            if v > capacity.get(k, 0) - held.get(k, 0)]
 
 
 def test_churn_and_a_daemon_killed_mid_way_leave_the_object_matching_the_kubelet(three, record_property):
@@ -279,12 +294,13 @@ def test_churn_and_a_daemon_killed_mid_way_leave_the_object_matching_the_kubelet
         if step == killed_at:
             old = _node_daemon(c, NODE)
             assert old is not None
+            topo = c.podresources()["allocatable"]
             c.kubectl("delete", "pod", "-n", "topo-system", old["metadata"]["name"], "--grace-period=0", "--force")
             during: list[str] = []
 
             def successor_ready() -> bool:
                 # No pod changes while the daemon is away: the object must never say a held device is free.
-                during.extend(_overclaims(c, NODE, c.podresources()))
+                during.extend(_overclaims(c, NODE, c.podresources(), topo))
                 p = _node_daemon(c, NODE)
                 return p is not None and p["metadata"]["uid"] != old["metadata"]["uid"] and any(
                     x["type"] == "Ready" and x["status"] == "True" for x in p["status"].get("conditions", []))
