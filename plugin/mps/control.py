@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 COMMAND_TIMEOUT_S = 30.0
 
 
+#: The longest path a unix socket may be bound at (`sun_path` is 108 bytes with its terminating NUL).
+UNIX_PATH_MAX = 107
+
+
 class MpsControlError(RuntimeError):
     """The control program could not be run, or the daemon did not answer; the message says which and why."""
 
@@ -91,6 +95,13 @@ class MpsControl:
 
     def start(self, spec: DaemonSpec) -> None:
         """`nvidia-cuda-mps-control -d` with the spec's environment (it returns once the daemon runs)."""
+        # The daemon listens on a unix socket in its pipe directory: a path past the kernel's limit makes it
+        # fail to start with no word of why, so say it here, with the option that sets the directory.
+        control = os.path.join(spec.pipe_dir, "control")
+        if len(os.fsencode(control)) > UNIX_PATH_MAX:
+            raise MpsControlError(f"{spec.name}: the control daemon's socket {control} would be "
+                                  f"{len(os.fsencode(control))} bytes, past the {UNIX_PATH_MAX} a unix socket path "
+                                  "may have (fix: a shorter --mps-root)")
         os.makedirs(spec.pipe_dir, mode=0o755, exist_ok=True)
         os.makedirs(spec.log_dir, mode=0o755, exist_ok=True)
         # The clients' /dev/shm (plugin.model.mps_allocate); the chart mounts it at the daemon's /dev/shm too.

@@ -93,6 +93,15 @@ def test_a_missing_program_names_the_option_to_fix(tmp_path):
     assert "not found" in str(e.value) and "--mps-control-binary" in str(e.value)
 
 
+def test_a_pipe_directory_too_deep_for_its_socket_names_the_option_to_fix(tmp_path):
+    deep = tmp_path / ("d" * 120)
+    s = DaemonSpec(name="nvidia.com/gpu", pipe_dir=str(deep / "pipe"), log_dir=str(deep / "log"))
+    with pytest.raises(MpsControlError) as e:
+        MpsControl(STANDIN).start(s)
+    assert "past the 107" in str(e.value) and "--mps-root" in str(e.value)
+    assert not deep.exists(), "nothing is created for a daemon that cannot start"
+
+
 def test_a_bad_mps_entry_names_its_field():
     with pytest.raises(ConfigError) as e:
         parse_config("version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 1}\n",
