@@ -133,6 +133,8 @@ class Sandbox:
         self.cgroups_before = {str(p) for p in pathlib.Path("/sys/fs/cgroup").glob("*/k8s.io")}
         self.container_ids: set[str] = set()
         self.closed = False
+        self._pins: list[int] = []
+        self._released = False
 
     # ---- namespaces ----
     def start(self) -> None:
@@ -145,6 +147,9 @@ class Sandbox:
                  interval=0.05)
         # Only namespaces of its own: `members` must not count the whole machine's network as ours.
         self.namespaces = {k: _ns(self.holder.pid, k) for k in ("mnt", "net") if k in self.kinds}
+        # Pinned open until `close` has seen them empty: a freed namespace's number can be given to a new one (another
+        # worker's cluster), and `members` identifies ours by number.
+        self._pins = [os.open(f"/proc/{self.holder.pid}/ns/{k}", os.O_RDONLY) for k in self.namespaces]
         log(f"holder pid {self.holder.pid}: {self.namespaces}")
         if self.private_network:
             self.sh("hostname", self.hostname)
@@ -374,8 +379,8 @@ class Sandbox:
         PID 1's in some VMs) never matches: `close` SIGKILLs what this returns, so an unread namespace
         matching a missing one would take PID 1's descendants, the whole machine (it once did)."""
         ours = {k: v for k, v in self.namespaces.items() if v}
-        if not ours:
-            return []
+        if not ours or self._released:
+            return []  # released: seen empty while pinned; the numbers may now be another sandbox's
         inside: set[str] = set()
         parents: dict[str, str | None] = {}
         for pid in os.listdir("/proc"):
@@ -418,6 +423,10 @@ class Sandbox:
             holder.kill()
             holder.wait(30)
             wait_for("the namespaces to empty", lambda: not self.members(), 60)
+        for fd in self._pins:
+            os.close(fd)
+        self._pins = []
+        self._released = True
         self._remove_cgroups()
         if self.leftovers:
             log(f"killed leftovers: {self.leftovers}")
