@@ -9,6 +9,7 @@ one control daemon, which quits with the last of them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pathlib
@@ -53,22 +54,36 @@ def roots(short_tmp):
     return os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi"), os.path.join(short_tmp, "mps")
 
 
-@pytest.fixture
-async def plugin(roots, kube_api, dgx_h100):
-    opts = DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=roots[0],
+def options(roots) -> DraOptions:
+    # Probed every 50 ms: a killed daemon is noticed at once (the restart's backoff is the product's own).
+    return DraOptions(slices=SliceOptions(node_name=NODE, driver_name=DRIVER), kubelet_root=roots[0],
                       cdi_root=roots[1], instance_id="pod-0", resync_s=3600, mps_root=roots[2],
-                      mps_control_binary=STANDIN)
-    drv = dra_driver(opts, kube_api)
+                      mps_control_binary=STANDIN, mps_probe_interval_s=0.05)
+
+
+def end_standins(roots) -> None:
+    for pid_file in pathlib.Path(roots[2]).glob("*/pipe/nvidia-cuda-mps-control.pid"):
+        try:  # a test that failed half-way: end the stand-in daemon it left
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+@pytest.fixture
+async def started(roots, kube_api, dgx_h100):
+    """The driver and its registration as the kubelet made it."""
+    drv = dra_driver(options(roots), kube_api)
     await drv.start(dgx_h100)
     try:
-        yield await register(registration_sockets(roots[0])[-1])
+        yield drv, await register(registration_sockets(roots[0])[-1])
     finally:
         await drv.stop()
-        for pid_file in pathlib.Path(roots[2]).glob("*/pipe/nvidia-cuda-mps-control.pid"):
-            try:  # a test that failed half-way: end the stand-in daemon it left
-                os.kill(int(pid_file.read_text()), signal.SIGTERM)
-            except (ProcessLookupError, ValueError):
-                pass
+        end_standins(roots)
+
+
+@pytest.fixture
+def plugin(started):
+    return started[1]
 
 
 def add_claim(apiserver, name: str, devices: dict[str, str], configs: list[dict]) -> str:
@@ -128,3 +143,105 @@ async def test_an_mps_config_naming_a_nic_request_is_refused_and_starts_nothing(
     err = (await plugin.prepare(("team", uid, "nic"))).claims[uid].error
     assert "strategy MPS applies to request 'nic', which got nic-mlx5-0 (nic), not a full GPU" in err, err
     assert not os.path.exists(roots[2]) or not os.listdir(roots[2])
+
+
+async def until(what: str, predicate, timeout: float = 90.0) -> None:
+    """Wait for a condition, with a deadline generous enough for a loaded machine."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        await asyncio.sleep(0.05)
+
+
+def taints(apiserver, device: str) -> list[dict]:
+    """The taints the scheduler sees on a device of our slices."""
+    for s in apiserver.slices.values():
+        for d in s["spec"].get("devices", ()):
+            if d["name"] == device:
+                return list(d.get("taints") or ())
+    raise AssertionError(f"{device} is in no published slice")
+
+
+def commands_since_last_start(roots, uuid: str) -> list[str]:
+    log = told(roots, uuid)
+    last = max(i for i, r in enumerate(log) if r["event"] == "start")
+    return [r["command"] for r in log[last:] if r["event"] == "command" and r["command"] != "get_server_list"]
+
+
+async def test_a_killed_daemon_is_reported_unhealthy_then_restarted_with_its_defaults(
+        started, roots, apiserver, dgx_h100):
+    drv, plugin = started
+    uuid = device_table(dgx_h100, SliceOptions(node_name=NODE))["gpu-3"].uuid
+    uid = add_claim(apiserver, "held", {"gpu": "gpu-3"}, [entry(mps_config(
+        defaultActiveThreadPercentage=30, defaultPinnedDeviceMemoryLimit="4Gi"))])
+    assert (await plugin.prepare(("team", uid, "held"))).claims[uid].error == ""
+    await until("gpu-3 published untainted", lambda: any(
+        d["name"] == "gpu-3" for s in apiserver.slices.values() for d in s["spec"].get("devices", ())))
+    assert taints(apiserver, "gpu-3") == []
+    first = told(roots, uuid)[0]["pid"]
+    hold = pathlib.Path(roots[2], f"dra-{uuid}", "log", "refuse-start")
+    hold.touch()  # the restart fails until the test lets it
+    os.kill(first, signal.SIGKILL)
+
+    await until("gpu-3 tainted while its daemon is down", lambda: taints(apiserver, "gpu-3"))
+    [taint] = taints(apiserver, "gpu-3")
+    assert (taint["key"], taint["value"], taint["effect"]) == (f"{DRIVER}/unhealthy", "mps-daemon-down", "NoSchedule")
+    assert {t["key"] for n in ("gpu-2", "gpu-4") for t in taints(apiserver, n)} == set(), "only its GPU"
+    [report] = [r for r in drv.health.reports() if r.device == "gpu-3"]
+    assert report.health == "Unhealthy" and "MPS control daemon" in report.message
+    # A new claim is kept off the GPU meanwhile, saying why.
+    other = add_claim(apiserver, "late", {"gpu": "gpu-3"}, [entry(mps_config())])
+    err = (await plugin.prepare(("team", other, "late"))).claims[other].error
+    assert "gpu-3" in err and "Unhealthy" in err, err
+    await until("the restart tried while held down", lambda: any(r["event"] == "refused"
+                                                                 for r in told(roots, uuid)))
+
+    hold.unlink()
+    await until("restarted", lambda: len([r for r in told(roots, uuid) if r["event"] == "start"]) == 2)
+    await until("defaults sent again", lambda: commands_since_last_start(roots, uuid) == [
+        "set_default_device_pinned_mem_limit 0 4096M", "set_default_active_thread_percentage 30"])
+    await until("gpu-3 untainted once its daemon is back", lambda: taints(apiserver, "gpu-3") == [])
+    assert [r.health for r in drv.health.reports() if r.device == "gpu-3"] == ["Healthy"]
+    restarted = [r for r in told(roots, uuid) if r["event"] == "start"][1]
+    assert restarted["pid"] != first and restarted["CUDA_VISIBLE_DEVICES"] == uuid
+
+    assert (await plugin.unprepare(("team", uid, "held"))).claims[uid].error == ""
+    assert told(roots, uuid)[-1]["event"] == "quit"
+    assert drv.mps.supervisor.specs == {}, "a daemon let go with its last claim is not restarted"
+
+
+async def test_a_restarted_driver_takes_over_the_daemons_of_prepared_claims(roots, kube_api, apiserver, dgx_h100):
+    table = device_table(dgx_h100, SliceOptions(node_name=NODE))
+    kept, lost = table["gpu-1"].uuid, table["gpu-2"].uuid
+    drv = dra_driver(options(roots), kube_api)
+    await drv.start(dgx_h100)
+    try:
+        plugin = await register(registration_sockets(roots[0])[-1])
+        uid = add_claim(apiserver, "both", {"a": "gpu-1", "b": "gpu-2"}, [entry(mps_config(
+            defaultActiveThreadPercentage=60))])
+        assert (await plugin.prepare(("team", uid, "both"))).claims[uid].error == ""
+        await drv.stop()
+        assert told(roots, kept)[-1]["event"] != "quit", "the claim's containers keep their daemons"
+        os.kill(told(roots, lost)[0]["pid"], signal.SIGKILL)  # one dies while no driver runs
+
+        drv = dra_driver(options(roots), kube_api)
+        await drv.start(dgx_h100)
+        plugin = await register(registration_sockets(roots[0])[-1])
+        # The one that answers is kept (no second start) and given its defaults again; the dead one is started.
+        await until("defaults sent again to the kept daemon", lambda: [
+            r["command"] for r in told(roots, kept) if r["event"] == "command"].count(
+            "set_default_active_thread_percentage 60") == 2)
+        assert [r["event"] for r in told(roots, kept)].count("start") == 1
+        await until("the lost daemon started again", lambda: [
+            r["event"] for r in told(roots, lost)].count("start") == 2)
+        await until("its defaults sent", lambda: commands_since_last_start(roots, lost) == [
+            "set_default_active_thread_percentage 60"])
+        # The prepared claim is answered from the checkpoint, and its unprepare still quits both daemons.
+        assert (await plugin.prepare(("team", uid, "both"))).claims[uid].error == ""
+        assert (await plugin.unprepare(("team", uid, "both"))).claims[uid].error == ""
+        assert told(roots, kept)[-1]["event"] == "quit" and told(roots, lost)[-1]["event"] == "quit"
+    finally:
+        await drv.stop()
+        end_standins(roots)

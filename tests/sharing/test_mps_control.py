@@ -83,7 +83,7 @@ async def test_a_program_that_cannot_start_is_retried_and_never_ready(tmp_path, 
         assert not sup.ready(s.name)
     finally:
         task.cancel()
-    reasons = [getattr(r, "reason", "") for r in caplog.records if "replicas stay unhealthy" in r.getMessage()]
+    reasons = [getattr(r, "reason", "") for r in caplog.records if "stay unhealthy" in r.getMessage()]
     assert reasons and "already running" in reasons[0] and "exited 1" in reasons[0], reasons
 
 
