@@ -10,6 +10,7 @@ one control daemon, which quits with the last of them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import pathlib
@@ -17,12 +18,18 @@ import signal
 
 import pytest
 
+from allocator.topology import DeviceKind
 from kubelet_standin import register, registration_sockets
 from plugin.dra import DraOptions, SliceOptions
 from plugin.runtime.compose.dra import dra_driver
 from plugin.dra.claims.opaque import OpaqueConfig
-from plugin.dra.claims.gpu_config import NVIDIA_API_VERSION, parse_gpu_config
+from plugin.dra.claims.gpu_config import NVIDIA_API_VERSION, GpuConfigError, parse_gpu_config, parse_mig_config
+from plugin.dra.mig.devices import DraMig
+from plugin.dra.mig.instances import NvmlMigBackend
 from plugin.dra.slices.build import device_table
+from plugin.sources.simulated import load_node_yaml
+from topo_testkit.fake_nvml import FakeNvml
+from topo_testkit.mig_node import mig_node_text
 
 NODE = "node-a"
 DRIVER = "topo.dev"
@@ -245,3 +252,137 @@ async def test_a_restarted_driver_takes_over_the_daemons_of_prepared_claims(root
     finally:
         await drv.stop()
         end_standins(roots)
+
+
+# ---- MigDeviceConfig: MPS on MIG devices (static and dynamic MIG) ------------------------------------------
+
+
+def mig_config(**sharing) -> dict:
+    return {"apiVersion": NVIDIA_API_VERSION, "kind": "MigDeviceConfig", **({"sharing": sharing} if sharing else {})}
+
+
+def one(params) -> OpaqueConfig:
+    return OpaqueConfig(source="FromClaim", requests=(), index=0, parameters=params)
+
+
+def test_nvidias_mig_device_config_reads_mps_and_takes_time_slicing_as_nothing():
+    got = parse_mig_config(one(mig_config(strategy="MPS", mpsConfig={"defaultActiveThreadPercentage": 20})))
+    assert got is not None and got.kind == "MigDeviceConfig" and got.mps is not None
+    assert got.mps.active_thread_percentage == 20
+    plain = parse_mig_config(one(mig_config(strategy="TimeSlicing")))
+    assert plain is not None and plain.mps is None and plain.timeslice is None
+    assert parse_mig_config(one(mps_config())) is None, "a GpuConfig is not read as one"
+
+
+@pytest.mark.parametrize("params, field, fix", [
+    (mig_config(strategy="TimeSlicing", timeSlicingConfig={"interval": "Short"}), "sharing.timeSlicingConfig",
+     "remove timeSlicingConfig"),
+    (mig_config(strategy="Mps"), "sharing.strategy: 'Mps'", "strategy: MPS"),
+    (mig_config(strategy="TimeSlicing", mpsConfig={}), "sharing.mpsConfig", "remove mpsConfig, or use strategy: MPS"),
+    (mig_config(strategy="MPS", mpsConfig={"defaultActiveThreadPercentage": -1}),
+     "sharing.mpsConfig.defaultActiveThreadPercentage", "an integer from 0 to 100"),
+    (mig_config(strategy="MPS", replicas=2), "sharing: unknown field 'replicas'", "use only strategy, mpsConfig"),
+    ({**mig_config(), "apiVersion": "resource.nvidia.com/v1"}, ".apiVersion", "apiVersion: gpu.topo-device-plugin.io/v1alpha1"),
+])
+def test_a_bad_mig_device_config_names_its_field_and_the_fix(params, field, fix):
+    with pytest.raises(GpuConfigError) as e:
+        parse_mig_config(one(params))
+    assert field in str(e.value) and f"fix: {fix}" in str(e.value), str(e.value)
+
+
+@pytest.fixture
+async def mig_driver(roots, kube_api):
+    """A node with GPU0/GPU1 partitionable (dynamic MIG through the NVML double) and GPU2's MIG devices static."""
+    topology = load_node_yaml(mig_node_text(), "h100-mig")
+    backend = NvmlMigBackend(FakeNvml(topology))
+    opts = dataclasses.replace(options(roots), slices=SliceOptions(
+        node_name=NODE, driver_name=DRIVER, mig=DraMig("dynamic", frozenset({0, 1}), placements=backend.placements)),
+        mig_backend=lambda _dir: backend)
+    drv = dra_driver(opts, kube_api)
+    await drv.start(topology)
+    try:
+        yield drv, await register(registration_sockets(roots[0])[-1]), topology, backend
+    finally:
+        await drv.stop()
+        end_standins(roots)
+
+
+def static_mig(topology, slot_of_gpu: int = 2):
+    gpu = next(d for d in topology.gpus if d.index == slot_of_gpu)
+    m = next(d for d in topology.of_kind(DeviceKind.MIG) if d.parent == gpu.name)
+    return f"gpu-{slot_of_gpu}-mig-{m.index}", m
+
+
+async def test_a_static_mig_device_gets_its_own_daemon_and_a_claim_wide_config_of_each_kind_reaches_its_own(
+        mig_driver, roots, apiserver):
+    drv, plugin, topology, _ = mig_driver
+    name, mig = static_mig(topology)
+    uid = add_claim(apiserver, "mixed", {"gpu": "gpu-5", "mig": name}, [
+        entry(mps_config(defaultActiveThreadPercentage=40)),
+        entry(mig_config(strategy="MPS", mpsConfig={"defaultActiveThreadPercentage": 20,
+                                                    "defaultPerDevicePinnedMemoryLimit": {mig.uuid: "2Gi"}}))])
+    assert (await plugin.prepare(("team", uid, "mixed"))).claims[uid].error == ""
+    gpu5 = device_table(topology, SliceOptions(node_name=NODE))["gpu-5"].uuid
+    log = told(roots, mig.uuid)
+    assert log[0]["event"] == "start" and log[0]["CUDA_VISIBLE_DEVICES"] == mig.uuid
+    assert commands_since_last_start(roots, mig.uuid) == ["set_default_device_pinned_mem_limit 0 2048M",
+                                                          "set_default_active_thread_percentage 20"]
+    assert commands_since_last_start(roots, gpu5) == ["set_default_active_thread_percentage 40"]
+    with open(os.path.join(roots[1], f"{DRIVER}-claim_{uid}.json"), encoding="utf-8") as f:
+        per_device = {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"].get("env", []))
+                      for d in json.load(f)["devices"]}
+    [mig_env] = [e for e in per_device.values() if e.get("CUDA_MPS_PIPE_DIRECTORY") == f"/mps/dra-{mig.uuid}/pipe"]
+    assert mig_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20" and mig_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+    [gpu_env] = [e for e in per_device.values() if e.get("CUDA_MPS_PIPE_DIRECTORY") == f"/mps/dra-{gpu5}/pipe"]
+    assert gpu_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+
+    # Its daemon down: the MIG device alone is tainted (not its GPU's other MIG devices).
+    hold = pathlib.Path(roots[2], f"dra-{mig.uuid}", "log", "refuse-start")
+    hold.touch()
+    os.kill(log[0]["pid"], signal.SIGKILL)
+    await until(f"{name} tainted", lambda: taints(apiserver, name))
+    assert taints(apiserver, name)[0]["value"] == "mps-daemon-down"
+    others = [n for s in apiserver.slices.values() for d in s["spec"].get("devices", ())
+              if (n := d["name"]).startswith("gpu-2-mig-") and n != name]
+    assert others and all(taints(apiserver, n) == [] for n in others)
+    hold.unlink()
+    await until(f"{name} untainted", lambda: taints(apiserver, name) == [])
+
+    assert (await plugin.unprepare(("team", uid, "mixed"))).claims[uid].error == ""
+    assert told(roots, mig.uuid)[-1]["event"] == "quit" and told(roots, gpu5)[-1]["event"] == "quit"
+
+
+async def test_a_dynamic_mig_device_gets_the_daemon_of_the_instance_made_for_it(mig_driver, roots, apiserver):
+    drv, plugin, topology, backend = mig_driver
+    uid = add_claim(apiserver, "small", {"mig": "gpu-0-mig-1g-10gb-3"}, [
+        entry(mig_config(strategy="MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "5Gi"}), requests=["mig"])])
+    assert (await plugin.prepare(("team", uid, "small"))).claims[uid].error == ""
+    [inst] = backend.instances(next(d for d in topology.gpus if d.index == 0))
+    assert inst.uuid.startswith("MIG-")
+    log = told(roots, inst.uuid)
+    assert log[0]["CUDA_VISIBLE_DEVICES"] == inst.uuid
+    assert commands_since_last_start(roots, inst.uuid) == ["set_default_device_pinned_mem_limit 0 5120M"]
+    env, _ = edits_of(roots, uid)
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == f"/mps/dra-{inst.uuid}/pipe"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5120M"
+    assert (await plugin.unprepare(("team", uid, "small"))).claims[uid].error == ""
+    assert told(roots, inst.uuid)[-1]["event"] == "quit" and backend.instances(
+        next(d for d in topology.gpus if d.index == 0)) == []
+
+
+@pytest.mark.parametrize("configs, message", [
+    ([entry(mig_config(strategy="MPS"), requests=["gpu"])],
+     "MigDeviceConfig with strategy MPS applies to request 'gpu', which got gpu-5 (gpu), not a MIG device "
+     "(fix: kind: GpuConfig for a full GPU"),
+    ([entry(mps_config(), requests=["mig"])],
+     "GpuConfig with strategy MPS applies to request 'mig', which got {mig} (mig), not a full GPU "
+     "(fix: kind: MigDeviceConfig for a MIG device"),
+])
+async def test_a_config_naming_a_request_of_the_other_kind_is_refused_and_starts_nothing(
+        mig_driver, roots, apiserver, configs, message):
+    _, plugin, topology, _ = mig_driver
+    name, _ = static_mig(topology)
+    uid = add_claim(apiserver, "wrong", {"gpu": "gpu-5", "mig": name}, configs)
+    err = (await plugin.prepare(("team", uid, "wrong"))).claims[uid].error
+    assert message.format(mig=name) in err, err
+    assert not os.path.exists(roots[2]) or not os.listdir(roots[2])
