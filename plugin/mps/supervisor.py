@@ -119,7 +119,7 @@ class MpsSupervisor:
 
     def _bring_up_locked(self, spec: DaemonSpec) -> None:
         if not self.control.probe(spec):
-            self.starts[spec.name] = self.starts.get(spec.name, 0) + 1
+            self.starts[spec.name] += 1
             self.control.start(spec)
         self.control.configure(spec)
 
@@ -189,6 +189,7 @@ class MpsSupervisor:
                     self._bring_up_locked(known)
                 return
             self.specs[spec.name] = spec
+            self.starts.setdefault(spec.name, 0)
             try:
                 self._bring_up_locked(spec)
             except BaseException:
@@ -217,6 +218,7 @@ class MpsSupervisor:
             if spec.name in self.specs:
                 return
             self.specs[spec.name] = spec
+            self.starts.setdefault(spec.name, 0)
             self._ready.setdefault(spec.name, None)
         if self._loop is not None:
             self._spawn(spec, up=False)
