@@ -386,3 +386,29 @@ async def test_a_config_naming_a_request_of_the_other_kind_is_refused_and_starts
     err = (await plugin.prepare(("team", uid, "wrong"))).claims[uid].error
     assert message.format(mig=name) in err, err
     assert not os.path.exists(roots[2]) or not os.listdir(roots[2])
+
+
+def test_multi_user_reads_as_nvidias_and_a_non_boolean_is_refused():
+    got = parse_gpu_config(one(mps_config(multiUser=True)))
+    assert got is not None and got.mps is not None and got.mps.multi_user
+    with pytest.raises(GpuConfigError) as e:
+        parse_gpu_config(one(mps_config(multiUser="yes")))
+    assert "sharing.mpsConfig.multiUser: 'yes' is not a boolean (fix: multiUser: true or false)" in str(e.value)
+
+
+async def test_a_multi_user_daemon_is_started_with_m_and_a_claim_asking_otherwise_is_refused(
+        plugin, roots, apiserver, dgx_h100):
+    uuid = device_table(dgx_h100, SliceOptions(node_name=NODE))["gpu-6"].uuid
+    first = add_claim(apiserver, "multi", {"gpu": "gpu-6"}, [entry(mps_config(multiUser=True))])
+    assert (await plugin.prepare(("team", first, "multi"))).claims[first].error == ""
+    assert told(roots, uuid)[0]["multi_user"] is True
+    single = add_claim(apiserver, "single", {"gpu": "gpu-6"}, [entry(mps_config())])
+    err = (await plugin.prepare(("team", single, "single"))).claims[single].error
+    assert "its MPS control daemon runs in multi-user mode for the claims holding it" in err, err
+    assert "(fix: ask multiUser: true, or wait until those claims are gone)" in err, err
+    same = add_claim(apiserver, "same", {"gpu": "gpu-6"}, [entry(mps_config(multiUser=True))])
+    assert (await plugin.prepare(("team", same, "same"))).claims[same].error == ""
+    assert [r["event"] for r in told(roots, uuid)].count("start") == 1
+    for uid, name in ((first, "multi"), (same, "same")):
+        assert (await plugin.unprepare(("team", uid, name))).claims[uid].error == ""
+    assert told(roots, uuid)[-1]["event"] == "quit"

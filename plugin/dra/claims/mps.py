@@ -74,7 +74,8 @@ STATE_FILE = "mps-daemons.json"
 #: The health reason of a device whose control daemon is down (the slice taint's value: `mps-daemon-down`).
 DOWN_REASON = "mps-daemon-down (its MPS control daemon does not answer; the DRA driver restarts it)"
 CONTAINER_ROOT = "/mps"
-_FIELDS = ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "defaultPerDevicePinnedMemoryLimit")
+_FIELDS = ("defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "defaultPerDevicePinnedMemoryLimit",
+           "multiUser")
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _FACTORS = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -82,6 +83,10 @@ _FACTORS = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
 
 class MpsConfigError(ValueError):
     """A bad `mpsConfig`; the message names the field and the fix."""
+
+
+class MpsDaemonConflict(MpsControlError):
+    """The claim asks its device's running daemon for a mode it does not run in (`multiUser`); names the fix."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,8 @@ class MpsSettings:
     pinned_mib: int | None = None
     #: By GPU UUID or index, as written.
     per_device_pinned_mib: Mapping[str, int] = field(default_factory=dict)
+    #: `multiUser`: the daemon is started with `-M`, so clients of different UIDs share it.
+    multi_user: bool = False
 
     def pinned_for(self, gpu: Device) -> int | None:
         keys = (gpu.uuid or "",) if gpu.kind is DeviceKind.MIG else (gpu.uuid or "", str(gpu.index))
@@ -125,6 +132,9 @@ def parse_mps_config(obj: Any, where: str) -> MpsSettings:
     if pct is not None and (isinstance(pct, bool) or not isinstance(pct, int) or not 0 <= pct <= 100):
         raise MpsConfigError(f"{where}.defaultActiveThreadPercentage: {pct!r} is not a percentage "
                              "(fix: an integer from 0 to 100)")
+    multi = obj.get("multiUser")
+    if multi is not None and not isinstance(multi, bool):
+        raise MpsConfigError(f"{where}.multiUser: {multi!r} is not a boolean (fix: multiUser: true or false)")
     pinned = obj.get("defaultPinnedDeviceMemoryLimit")
     per = obj.get("defaultPerDevicePinnedMemoryLimit") or {}
     if not isinstance(per, dict):
@@ -134,7 +144,8 @@ def parse_mps_config(obj: Any, where: str) -> MpsSettings:
         active_thread_percentage=pct or None,
         pinned_mib=_mib(pinned, f"{where}.defaultPinnedDeviceMemoryLimit") if pinned is not None else None,
         per_device_pinned_mib={str(k): _mib(v, f"{where}.defaultPerDevicePinnedMemoryLimit[{k!r}]")
-                               for k, v in per.items()})
+                               for k, v in per.items()},
+        multi_user=bool(multi))
 
 
 def _dir_name(gpu: Device) -> str:
@@ -165,7 +176,8 @@ class ClaimMpsDaemons:
         base = os.path.join(self.mps_root, _dir_name(gpu))
         return DaemonSpec(name=f"{gpu.name} ({gpu.uuid})", pipe_dir=os.path.join(base, "pipe"),
                           log_dir=os.path.join(base, "log"), gpus=(gpu.uuid or str(gpu.index),),
-                          defaults=default_commands([(0, settings.pinned_for(gpu))], settings.active_thread_percentage))
+                          defaults=default_commands([(0, settings.pinned_for(gpu))], settings.active_thread_percentage),
+                          multi_user=settings.multi_user)
 
     @staticmethod
     def _spec_of(key: str, entry: Mapping[str, Any]) -> DaemonSpec | None:
@@ -173,7 +185,8 @@ class ClaimMpsDaemons:
         if not entry.get("pipe_dir") or "name" not in entry:
             return None
         return DaemonSpec(name=str(entry["name"]), pipe_dir=str(entry["pipe_dir"]), log_dir=str(entry["log_dir"]),
-                          gpus=tuple(entry.get("gpus") or ()), defaults=tuple(entry.get("defaults") or ()))
+                          gpus=tuple(entry.get("gpus") or ()), defaults=tuple(entry.get("defaults") or ()),
+                          multi_user=bool(entry.get("multi_user")))
 
     def _on_change(self, name: str, ready: bool) -> None:
         device = self._device_of.get(name)
@@ -228,12 +241,19 @@ class ClaimMpsDaemons:
                     spec = self._spec(gpu, settings)
                     self._device_of[spec.name] = gpu.name
                     known = self.supervisor.specs.get(spec.name)
+                    if known is not None and known.multi_user != spec.multi_user:
+                        raise MpsDaemonConflict(
+                            f"{gpu.name} ({gpu.uuid}): its MPS control daemon runs "
+                            f"{'in' if known.multi_user else 'out of'} multi-user mode for the claims holding it "
+                            f"({', '.join(entry['holders'])}); this claim asks multiUser: "
+                            f"{str(spec.multi_user).lower()} (fix: ask multiUser: {str(known.multi_user).lower()}, "
+                            "or wait until those claims are gone)")
                     self.supervisor.ensure(spec)  # a daemon running already keeps its own defaults
                     spec = known or spec
                     if uid not in entry["holders"]:
                         entry["holders"].append(uid)
                     entry.update(name=spec.name, gpu=gpu.name, pipe_dir=spec.pipe_dir, log_dir=spec.log_dir,
-                                 gpus=list(spec.gpus), defaults=list(spec.defaults))
+                                 gpus=list(spec.gpus), defaults=list(spec.defaults), multi_user=spec.multi_user)
                     joined.append(key)
             except (MpsControlError, OSError):
                 self._leave(state, uid, joined)
