@@ -7,7 +7,8 @@ One supervisor serves both sides (one piece of code, so both behave alike):
   up at the first claim's prepare and supervises it from then on, `discard()` quits it with the
   last claim, `watch()` takes over the daemon of a claim prepared before a restart of the driver,
   and `detach()` stops supervising without quitting (the driver restarts; the claims' containers
-  keep their daemon). The first two are called from the checkpoint's worker thread, so they block
+  keep their daemon). `wanted` is asked before a dead daemon is started again: during a rolling
+  update the other instance may have unprepared its last claim. The first two are called from the checkpoint's worker thread, so they block
   and are thread-safe: a per-daemon lock orders a restart by the supervisor against a quit by the
   last claim, so a daemon being let go is never started again behind the claim's back.
 
@@ -49,8 +50,12 @@ class MpsSupervisor:
     def __init__(self, control: MpsControl, specs: Sequence[DaemonSpec] = (),
                  on_change: Callable[[str, bool], None] = lambda name, ready: None,
                  probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
-                 backoff: Callable[[], Backoff] = lambda: Backoff(1.0, 30.0)):
+                 backoff: Callable[[], Backoff] = lambda: Backoff(1.0, 30.0),
+                 wanted: Callable[[DaemonSpec], bool] = lambda spec: True):
         self.control = control
+        #: Asked (in a worker thread) before a daemon found dead is started again: False lets it go instead
+        #: (DRA: no claim holds it any more, e.g. the other instance of a rolling update unprepared the last).
+        self.wanted = wanted
         #: The daemons supervised now, by name (changed under `_guard` and the daemon's lock).
         self.specs = {s.name: s for s in specs}
         self.on_change = on_change
@@ -110,9 +115,16 @@ class MpsSupervisor:
                       extra={"task": task.get_name(), "reason": repr(task.exception())})
 
     def _bring_up(self, spec: DaemonSpec) -> bool:
-        """Blocking: the daemon answers with its defaults set; False when it is no longer supervised."""
+        """Blocking: the daemon answers with its defaults set; False when it is no longer supervised (or no
+        longer `wanted`: then it is let go here)."""
         with self._lock_of(spec.name):
             if self.specs.get(spec.name) is not spec:
+                return False
+            if not self.control.probe(spec) and not self.wanted(spec):
+                del self.specs[spec.name]
+                self._call_soon(self._forget, spec.name, self._ready.pop(spec.name, None))
+                log.info("MPS control daemon gone and no longer wanted: not started again",
+                         extra={"daemon": spec.name})
                 return False
             self._bring_up_locked(spec)
             return True

@@ -153,3 +153,21 @@ async def test_a_watched_daemon_that_answers_is_kept_and_detach_leaves_it_runnin
         assert control.probe(s), "detach quits nothing"
     finally:
         control.quit(s)
+
+
+async def test_a_dead_daemon_no_longer_wanted_is_let_go_not_started_again(short_tmp):
+    """A rolling update of the DRA driver: the other instance unprepared the last claim of the daemon (and
+    quit it); this instance finds it gone, asks whether it is still wanted, and lets it go."""
+    s = spec(pathlib.Path(short_tmp))
+    wanted = {"yes": True}
+    sup = MpsSupervisor(MpsControl(STANDIN), (), probe_interval_s=0.05, backoff=fast,
+                        wanted=lambda _spec: wanted["yes"])
+    sup.start()
+    try:
+        await asyncio.to_thread(sup.ensure, s)
+        wanted["yes"] = False
+        sup.control.quit(s)  # as the other instance did
+        await until(lambda: s.name not in sup.specs)
+    finally:
+        await sup.detach()
+    assert len(pids_started(s)) == 1 and not sup.control.probe(s)

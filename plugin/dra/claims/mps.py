@@ -163,7 +163,7 @@ class ClaimMpsDaemons:
         self.path = os.path.join(state_dir, STATE_FILE)
         self.mps_root = mps_root
         self.control = control
-        self.supervisor = MpsSupervisor(control, (), self._on_change, probe_interval_s,
+        self.supervisor = MpsSupervisor(control, (), self._on_change, probe_interval_s, wanted=self._held,
                                         **({"backoff": backoff} if backoff is not None else {}))
         #: {topology device name: why}: the devices whose daemon is down now (read on the loop).
         self.down: dict[str, str] = {}
@@ -187,6 +187,16 @@ class ClaimMpsDaemons:
         return DaemonSpec(name=str(entry["name"]), pipe_dir=str(entry["pipe_dir"]), log_dir=str(entry["log_dir"]),
                           gpus=tuple(entry.get("gpus") or ()), defaults=tuple(entry.get("defaults") or ()),
                           multi_user=bool(entry.get("multi_user")))
+
+    def _held(self, spec: DaemonSpec) -> bool:
+        """Whether a claim still holds the daemon of `spec`, by the state file (read without `_lock`: it is
+        replaced whole, and the supervisor asks while holding the daemon's lock, which `acquire` takes
+        inside `_lock`)."""
+        try:
+            state = self._state()
+        except (OSError, ValueError):
+            return True  # unreadable: keep the daemon rather than leave a claim without one
+        return any(e.get("name") == spec.name and e.get("holders") for e in state.values())
 
     def _on_change(self, name: str, ready: bool) -> None:
         device = self._device_of.get(name)
