@@ -47,7 +47,7 @@ from typing import Any
 
 import grpc
 
-from allocator.topology import DeviceKind, NodeTopology
+from allocator.topology import UNHEALTHY, DeviceKind, NodeTopology
 
 from ..api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ..model.cdi import CdiOptions
@@ -105,6 +105,8 @@ class DraOptions:
     #: MPS claims: the control daemons' host directory (`--mps-root`) and program (`--mps-control-binary`).
     mps_root: str = "/run/nvidia/mps"
     mps_control_binary: str = "nvidia-cuda-mps-control"
+    #: How often a claim's ready control daemon is asked whether it still answers (`plugin.mps.supervisor`).
+    mps_probe_interval_s: float = 5.0
     #: `auto`: move prepared NICs into their pods through NRI when NICs are served here; `off`: never
     #: (`--netdev-attach`; the library default is off, the daemon's flag defaults to auto).
     netdev_attach: str = "off"
@@ -185,7 +187,14 @@ class DraDriver:
         self.registration = RegistrationService(options.driver_name, self.paths.service_socket, self._on_registered)
         #: Device health for the kubelet's pod status (plugin/dra/kubelet/health_service.py).
         self.health = HealthBoard(options.slices, heartbeat_s=options.health_heartbeat_s)
+        #: The topology as the daemon last gave it; `_topology` is it with the devices whose MPS daemon is down
+        #: marked Unhealthy (`_with_mps_health`).
+        self._given: NodeTopology | None = None
         self._topology: NodeTopology | None = None
+        #: The control daemons of MPS claims (plugin/dra/claims/mps.py), supervised while the driver runs.
+        self.mps = ClaimMpsDaemons(os.path.dirname(self.paths.checkpoint), options.mps_root,
+                                   MpsControl(options.mps_control_binary), options.mps_probe_interval_s)
+        self.mps.on_health = self._mps_health_changed
         self._service: grpc.aio.Server | None = None
         self._registrar: grpc.aio.Server | None = None
         self.preparer: ClaimPreparer | None = None
@@ -212,10 +221,13 @@ class DraDriver:
 
     async def start(self, topology: NodeTopology) -> None:
         """Serve and register; raises CheckpointError (naming the file) when the checkpoint is unusable."""
-        self._topology = topology
+        self._given = topology
+        self._topology = topology = self._with_mps_health(topology)
         self.health.update(topology)
         self.paths.make_dirs()
         claims = self.checkpoint.check()
+        # Before the kubelet can call: the daemons of claims prepared before a restart are supervised again.
+        await self.mps.start(set(await self.checkpoint.read()))
         for uid in await self.checkpoint.update(self._remove_orphan_specs):
             log.info("removed the CDI spec of a claim no checkpoint entry owns", extra={"claim_uid": uid})
         if self.mig is not None:
@@ -228,9 +240,7 @@ class DraDriver:
         self.preparer = preparer = ClaimPreparer(
             options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi, read_claim=self.api.get_claim,
             topology=lambda: self.topology, limits=self.options.prepare_limits, mig=self.mig,
-            sharing=self._sharing(), network=network,
-            mps=ClaimMpsDaemons(os.path.dirname(self.paths.checkpoint), self.options.mps_root,
-                                MpsControl(self.options.mps_control_binary)))
+            sharing=self._sharing(), network=network, mps=self.mps)
         self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer, self.health))
         self._registrar = await _serve(self.paths.registration_socket,
                                        lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))
@@ -295,9 +305,21 @@ class DraDriver:
 
     def update(self, topology: NodeTopology) -> None:
         """A new topology: prepare and the kubelet's health stream answer from it at once, the slices follow."""
-        self._topology = topology
+        self._given = topology
+        self._topology = topology = self._with_mps_health(topology)
         self.health.update(topology)
         self.publisher.update(topology)
+
+    def _with_mps_health(self, topology: NodeTopology) -> NodeTopology:
+        """`topology` with each healthy device whose MPS control daemon is down marked Unhealthy (its reason
+        becomes the slice taint's value, `mps-daemon-down`); a device unhealthy for another cause keeps it."""
+        down = {d.name: why for d in topology.devices if d.healthy and (why := self.mps.down.get(d.name))}
+        return topology.with_health({n: UNHEALTHY for n in down}, down) if down else topology
+
+    def _mps_health_changed(self) -> None:
+        """A claim's control daemon went down or came back (on the loop): health and slices follow at once."""
+        if self._given is not None:
+            self.update(self._given)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop serving, about `grace` seconds at most whatever the kubelet queued: in-flight prepares answer
@@ -316,6 +338,7 @@ class DraDriver:
                 os.unlink(self.paths.registration_socket)
             await registrar.stop(grace)
         await self.publisher.stop()
+        await self.mps.detach()  # the daemons keep serving the claims' containers; a restart takes them over
         self.health.close()  # health streams end now, not after the grace
         if service is not None:
             await service.stop(grace)

@@ -45,6 +45,8 @@ class DaemonSpec:
     gpus: tuple[str, ...] = ()
     #: `set_default_*` commands sent once the daemon answers, in order.
     defaults: tuple[str, ...] = field(default_factory=tuple)
+    #: Started with `-M` (multi-user: clients of different UIDs share the daemon; NVIDIA's DRA `multiUser`).
+    multi_user: bool = False
 
     @property
     def ready_file(self) -> str:
@@ -94,7 +96,8 @@ class MpsControl:
         return done.stdout
 
     def start(self, spec: DaemonSpec) -> None:
-        """`nvidia-cuda-mps-control -d` with the spec's environment (it returns once the daemon runs)."""
+        """`nvidia-cuda-mps-control -d` (`-d -M` multi-user) with the spec's environment (it returns once the
+        daemon runs)."""
         # The daemon listens on a unix socket in its pipe directory: a path past the kernel's limit makes it
         # fail to start with no word of why, so say it here, with the option that sets the directory.
         control = os.path.join(spec.pipe_dir, "control")
@@ -107,7 +110,7 @@ class MpsControl:
         # The clients' /dev/shm (plugin.model.mps_allocate); the chart mounts it at the daemon's /dev/shm too.
         os.makedirs(os.path.join(os.path.dirname(os.path.dirname(spec.pipe_dir.rstrip("/"))), "shm"),
                     mode=0o1777, exist_ok=True)
-        self._run(spec, ["-d"], None)
+        self._run(spec, ["-d", "-M"] if spec.multi_user else ["-d"], None)
 
     def command(self, spec: DaemonSpec, text: str) -> str:
         """One command to the spec's daemon; its answer. Raises `MpsControlError` when none answers."""

@@ -83,7 +83,7 @@ async def test_a_program_that_cannot_start_is_retried_and_never_ready(tmp_path, 
         assert not sup.ready(s.name)
     finally:
         task.cancel()
-    reasons = [getattr(r, "reason", "") for r in caplog.records if "replicas stay unhealthy" in r.getMessage()]
+    reasons = [getattr(r, "reason", "") for r in caplog.records if "stay unhealthy" in r.getMessage()]
     assert reasons and "already running" in reasons[0] and "exited 1" in reasons[0], reasons
 
 
@@ -107,3 +107,67 @@ def test_a_bad_mps_entry_names_its_field():
         parse_config("version: v1\nsharing:\n  mps:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 1}\n",
                      "c.yaml")
     assert "c.yaml:5" in str(e.value) and "sharing.mps.resources[0].replicas" in str(e.value)
+
+
+def pids_started(s: DaemonSpec) -> list[int]:
+    return [r["pid"] for r in told(s) if r["event"] == "start"]
+
+
+async def test_a_daemon_ensured_from_a_thread_is_supervised_until_discarded_and_not_restarted_after(short_tmp):
+    """DRA's use: the first claim's prepare (a worker thread) brings the daemon up, the supervisor keeps it
+    up, the last claim's unprepare lets it go, and nothing starts it again behind the claim's back."""
+    s = spec(pathlib.Path(short_tmp))
+    changes: list[tuple[str, bool]] = []
+    sup = MpsSupervisor(MpsControl(STANDIN), (), lambda name, ready: changes.append((name, ready)), 0.05, fast)
+    sup.start()
+    try:
+        await asyncio.to_thread(sup.ensure, s)
+        assert len(pids_started(s)) == 1 and os.path.exists(s.ready_file), "up, with its defaults, at once"
+        await asyncio.to_thread(sup.ensure, s)  # a second claim joins: no second start
+        assert len(pids_started(s)) == 1
+        os.kill(pids_started(s)[0], signal.SIGKILL)
+        await until(lambda: len(pids_started(s)) == 2 and sup.ready(s.name))
+        assert (s.name, False) in changes and changes[-1] == (s.name, True)
+        await asyncio.to_thread(sup.discard, s.name)
+        assert told(s)[-1]["event"] == "quit" and s.name not in sup.specs
+    finally:
+        await sup.detach()
+    assert len(pids_started(s)) == 2 and not sup.control.probe(s), "let go: quit, and not started again"
+
+
+async def test_a_watched_daemon_that_answers_is_kept_and_detach_leaves_it_running(short_tmp):
+    """A restarted DRA driver: the daemon of a prepared claim still answers; it is kept (its containers keep
+    their server) and given its defaults again; stopping the driver again leaves it running."""
+    s = spec(pathlib.Path(short_tmp))
+    control = MpsControl(STANDIN)
+    control.start(s)
+    sup = MpsSupervisor(control, (), probe_interval_s=0.05, backoff=fast)
+    sup.start()
+    try:
+        sup.watch(s)
+        await until(lambda: sup.ready(s.name))
+        assert len(pids_started(s)) == 1 and sup.starts[s.name] == 0
+        assert [r["command"] for r in told(s) if r["event"] == "command" and r["command"] != "get_server_list"] == [
+            "set_default_device_pinned_mem_limit 0 1024M", "set_default_active_thread_percentage 50"]
+        await sup.detach()
+        assert control.probe(s), "detach quits nothing"
+    finally:
+        control.quit(s)
+
+
+async def test_a_dead_daemon_no_longer_wanted_is_let_go_not_started_again(short_tmp):
+    """A rolling update of the DRA driver: the other instance unprepared the last claim of the daemon (and
+    quit it); this instance finds it gone, asks whether it is still wanted, and lets it go."""
+    s = spec(pathlib.Path(short_tmp))
+    wanted = {"yes": True}
+    sup = MpsSupervisor(MpsControl(STANDIN), (), probe_interval_s=0.05, backoff=fast,
+                        wanted=lambda _spec: wanted["yes"])
+    sup.start()
+    try:
+        await asyncio.to_thread(sup.ensure, s)
+        wanted["yes"] = False
+        sup.control.quit(s)  # as the other instance did
+        await until(lambda: s.name not in sup.specs)
+    finally:
+        await sup.detach()
+    assert len(pids_started(s)) == 1 and not sup.control.probe(s)

@@ -25,7 +25,19 @@ apiVersion for `kind: GpuConfig`, unknown fields (a typo must not silently
 mean "no sharing"), a strategy other than TimeSlicing or MPS, an interval
 outside the four names, `mpsConfig` next to TimeSlicing and `timeSlicingConfig`
 next to MPS. `strategy: MPS` and its `mpsConfig` are read by `plugin.dra.claims.mps`. Configs of other kinds are other parsers'
-(e.g. NIC configs); this module only reads `kind: GpuConfig`.
+(e.g. NIC configs); this module reads `kind: GpuConfig` and `kind: MigDeviceConfig`.
+
+`MigDeviceConfig` (NVIDIA's kind for MIG devices, `migconfig.go`) has the same
+apiVersions and only `sharing` with `strategy` and `mpsConfig`, as NVIDIA's
+`MigDeviceSharing`: `strategy: MPS` runs a control daemon for each MIG device
+of its requests (`plugin.dra.claims.mps`); `strategy: TimeSlicing` is accepted
+and changes nothing, as in NVIDIA's driver (a MIG device has no time-slice
+setting of its own: its processes take turns already), and
+`timeSlicingConfig` is refused with that fix. Which config applies to which
+device follows NVIDIA's rule (`getConfigResultsMap`): a config for every
+request applies only to devices of its kind (GpuConfig: full GPUs,
+MigDeviceConfig: MIG devices), one that names a request whose device is of the
+other kind is refused (`plugin.dra.claims.mps_claims`).
 """
 
 from __future__ import annotations
@@ -39,6 +51,8 @@ from .mps import MpsConfigError, MpsSettings, parse_mps_config
 from .opaque import OpaqueConfig, configs_for
 
 KIND = "GpuConfig"
+#: NVIDIA's kind for MIG devices (static and dynamic MIG).
+MIG_KIND = "MigDeviceConfig"
 API_VERSION = "gpu.topo-device-plugin.io/v1alpha1"
 #: NVIDIA's DRA driver's config API, accepted with the same meaning.
 NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
@@ -76,6 +90,8 @@ class GpuConfig:
     where: str
     #: `strategy: MPS`: the claim's MPS limits (None: not MPS).
     mps: MpsSettings | None = None
+    #: `GpuConfig` (full GPUs) or `MigDeviceConfig` (MIG devices).
+    kind: str = KIND
 
 
 def _fields(obj: Any, where: str, allowed: Sequence[str]) -> dict[str, Any]:
@@ -131,11 +147,57 @@ def parse_gpu_config(entry: OpaqueConfig) -> GpuConfig | None:
     return GpuConfig(timeslice=interval, where=entry.where)
 
 
+def parse_mig_config(entry: OpaqueConfig) -> GpuConfig | None:
+    """The entry's MigDeviceConfig (as a `GpuConfig` of `kind` MIG_KIND, never with a time-slice); None when
+    it is another kind of config; raises `GpuConfigError` naming the field and the fix."""
+    params = entry.parameters
+    where = f"{entry.where}.opaque.parameters"
+    if not isinstance(params, dict) or params.get("kind") != MIG_KIND:
+        return None
+    api = params.get("apiVersion")
+    if api not in API_VERSIONS:
+        raise GpuConfigError(f"{where}.apiVersion: {api!r} is not a MigDeviceConfig version this driver knows "
+                             f"(fix: apiVersion: {API_VERSION}, or NVIDIA's {NVIDIA_API_VERSION})")
+    _fields(params, where, ("apiVersion", "kind", "sharing"))
+    sharing = params.get("sharing")
+    if sharing is None:
+        return GpuConfig(timeslice=None, where=entry.where, kind=MIG_KIND)
+    if isinstance(sharing, dict) and sharing.get("timeSlicingConfig") is not None:
+        raise GpuConfigError(f"{where}.sharing.timeSlicingConfig: a MIG device has no time-slice setting of its "
+                             "own (fix: remove timeSlicingConfig; strategy: TimeSlicing alone is accepted and "
+                             "changes nothing, as in NVIDIA's driver)")
+    sharing = _fields(sharing, f"{where}.sharing", ("strategy", "mpsConfig"))
+    strategy = sharing.get("strategy")
+    if strategy == MPS:
+        try:
+            return GpuConfig(timeslice=None, where=entry.where, kind=MIG_KIND,
+                             mps=parse_mps_config(sharing.get("mpsConfig"), f"{where}.sharing.mpsConfig"))
+        except MpsConfigError as e:
+            raise GpuConfigError(str(e)) from None
+    if strategy != TIME_SLICING:
+        raise GpuConfigError(f"{where}.sharing.strategy: {strategy!r} is not a sharing strategy "
+                             f"(fix: strategy: {MPS}, or {TIME_SLICING}, which changes nothing on a MIG device)")
+    if sharing.get("mpsConfig") is not None:
+        raise GpuConfigError(f"{where}.sharing.mpsConfig: cannot be used with strategy TimeSlicing "
+                             "(fix: remove mpsConfig, or use strategy: MPS)")
+    return GpuConfig(timeslice=None, where=entry.where, kind=MIG_KIND)
+
+
 def gpu_configs(configs: Sequence[OpaqueConfig]) -> list[tuple[OpaqueConfig, GpuConfig]]:
     """Every GpuConfig among `configs`, each checked (raises `GpuConfigError` for the first bad one)."""
     out = []
     for c in configs:
         parsed = parse_gpu_config(c)
+        if parsed is not None:
+            out.append((c, parsed))
+    return out
+
+
+def mig_configs(configs: Sequence[OpaqueConfig]) -> list[tuple[OpaqueConfig, GpuConfig]]:
+    """Every MigDeviceConfig among `configs`, each checked (raises `GpuConfigError` for the first bad one)."""
+    out = []
+    for c in configs:
+        parsed = parse_mig_config(c)
         if parsed is not None:
             out.append((c, parsed))
     return out

@@ -99,7 +99,7 @@ class Planned(NamedTuple):
     networks: dict[str, NicNetwork]
     #: The pods the claim is reserved for (their sandboxes get its NICs).
     pods: tuple[str, ...]
-    #: The GPUs its GpuConfig puts under MPS, with their limits (plugin/dra/claims/mps.py).
+    #: The GPUs (GpuConfig) and MIG devices (MigDeviceConfig) put under MPS, with their limits (plugin/dra/claims/mps.py).
     mps: dict[str, tuple[Device, MpsSettings]] = {}
     #: The claim's IMEX channels: (slice device name, channel, request names); no Device of the topology.
     channels: tuple[tuple[str, int, list[str]], ...] = ()
@@ -321,6 +321,8 @@ class ClaimPreparer:
                 if self.mig is not None:
                     allocated = self.mig.prepare(ref.uid, allocated)
                     devices = {name: dev for name, dev, _ in allocated}
+                    # A dynamic MIG device has its UUID only now: its MPS daemon is the made instance's.
+                    mps = {name: (devices[name], settings) for name, (_, settings) in mps.items()}
                 # One CDI device per device, however many shares of it the claim holds. A NIC that moves into
                 # the pod is named there as its NicConfig says: its env (and the NCCL hint) give that name.
                 in_pod = {name: _renamed(dev, networks[name].pod_name) if name in networks else dev

@@ -33,6 +33,7 @@ from typing import Any
 
 from allocator.topology import Device, DeviceKind, NodeTopology
 
+from ...health.policy import taint_value
 from ...model.mig_strategy import mig_enabled
 from ...sources.mig_profiles import COMPUTE_SLICES, MEMORY_SLICES, Placement, table_for
 
@@ -126,8 +127,12 @@ def _entry(name: str, attrs: dict[str, Any], capacity: dict[str, Any], gpu_entry
     return out
 
 
-def expand_gpu(topology: NodeTopology, gpu: Device, gpu_entry: dict[str, Any], mig: DraMig) -> list[dict[str, Any]]:
-    """The slice entries for one GPU: itself, its static MIG devices, or itself and its placements."""
+def expand_gpu(topology: NodeTopology, gpu: Device, gpu_entry: dict[str, Any], mig: DraMig,
+               driver: str = "") -> list[dict[str, Any]]:
+    """The slice entries for one GPU: itself, its static MIG devices, or itself and its placements.
+
+    A static MIG device is tainted with its GPU, and on its own (`<driver>/unhealthy`) when it alone is
+    unhealthy (its MPS control daemon down, plugin/dra/claims/mps.py)."""
     if mig.static(gpu):
         out = []
         for m in sorted((m for m in topology.of_kind(DeviceKind.MIG) if m.parent == gpu.name), key=lambda m: m.index):
@@ -135,7 +140,11 @@ def expand_gpu(topology: NodeTopology, gpu: Device, gpu_entry: dict[str, Any], m
             if m.uuid:
                 attrs["uuid"] = {"string": m.uuid}
             capacity = {"memory": {"value": f"{m.memory_mib}Mi"}} if m.memory_mib else {}
-            out.append(_entry(static_name(gpu, m), attrs, capacity, gpu_entry))
+            e = _entry(static_name(gpu, m), attrs, capacity, gpu_entry)
+            if not m.healthy and "taints" not in e and driver:
+                e["taints"] = [{"key": f"{driver}/unhealthy", "effect": "NoSchedule",
+                                "value": taint_value(m.health_reason) if m.health_reason else m.health}]
+            out.append(e)
         return out
     if not mig.partitionable(gpu):
         return [gpu_entry]

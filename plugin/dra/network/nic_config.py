@@ -41,12 +41,13 @@ from allocator.topology import Device, DeviceKind
 
 from ..claims.claim import Claim
 from ..claims.gpu_config import KIND as GPU_KIND
+from ..claims.gpu_config import MIG_KIND
 from ..claims.prepared import NicNetwork, Route
 
 API_VERSION = "net.topo-device-plugin.io/v1alpha1"
 KIND = "NicConfig"
 #: The other kinds of configuration our driver reads (each by its own parser: plugin/dra/claims/gpu_config.py).
-OTHER_KINDS = (GPU_KIND,)
+OTHER_KINDS = (GPU_KIND, MIG_KIND)
 FIELDS = ("apiVersion", "kind", "interfaceName", "addresses", "routes", "mtu")
 ROUTE_FIELDS = ("destination", "gateway")
 #: networkData.ips holds at most 16 entries (resource.k8s.io/v1 NetworkDeviceData).

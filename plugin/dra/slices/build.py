@@ -361,7 +361,8 @@ def build_devices(topology: NodeTopology, options: SliceOptions) -> list[dict[st
             entry["taints"] = [{"key": f"{options.driver_name}/unhealthy",
                                 "value": taint_value(d.health_reason) if d.health_reason else d.health,
                                 "effect": "NoSchedule"}]
-        out.extend(expand_gpu(topology, d, entry, options.mig) if d.kind == DeviceKind.GPU else [entry])
+        out.extend(expand_gpu(topology, d, entry, options.mig, options.driver_name) if d.kind == DeviceKind.GPU
+                   else [entry])
     if options.imex is not None:  # last: the GPUs' and NICs' slice order stays as it was
         out.extend(channel_devices(topology, options.imex.count))
     return out
