@@ -160,7 +160,7 @@ def whole_count(settings: Settings, dest: str, what: str) -> int:
 def imex_channels(settings: Settings) -> ImexChannels | None:
     """`--dra-imex-channels` as `ImexChannels` (None: 0): the major from `--proc-root`'s devices file, or on a
     simulated node (which reads no procfs) the node file's `imexChannelsMajor`."""
-    from ..dra.slices.imex_channels import ImexChannels, ImexChannelsError, channels_of  # noqa: PLC0415 (DRA mode only)
+    from ..model.imex import ImexChannels, ImexChannelsError, channels_of  # noqa: PLC0415 (DRA mode only)
     from ..sources.simulated import stated_imex_major  # noqa: PLC0415 (as above)
 
     count = whole_count(settings, "dra_imex_channels", "IMEX channels")

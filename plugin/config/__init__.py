@@ -38,6 +38,9 @@ class Config:
     nic_resource_list: list[Any] = field(default_factory=list)
     #: NVIDIA's `sharing.timeSlicing` (None: no GPU is shared).
     time_slicing: TimeSlicing | None = None
+    #: NVIDIA's `imex.channelIDs` (`[]` or `[0]`) and `imex.required`: the IMEX channels every GPU container gets.
+    imex_channel_ids: tuple[int, ...] = ()
+    imex_required: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -106,6 +109,8 @@ def parse_config(text: str, path: str) -> Config:
         gpu_health=dict((data.get("gpus") or {}).get("health") or {}),
         nic_resource_list=list((data.get("nics") or {}).get("resourceList") or []),
         time_slicing=parse_sharing(data.get("sharing"), root, path),
+        imex_channel_ids=nvidia.imex_of(data)[0],
+        imex_required=nvidia.imex_of(data)[1],
     )
 
 
