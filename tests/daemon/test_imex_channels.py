@@ -26,9 +26,9 @@ CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 CONFIG = "version: v1\nimex:\n  channelIDs: [0]\n  required: {required}\n"
 
 
-def node_file(tmp_path: pathlib.Path) -> pathlib.Path:
-    """dgx-a100 with the channels' major stated, as /proc/devices would list it on a real node."""
-    data = yaml.safe_load(builtin_text("dgx-a100"))
+def node_file(tmp_path: pathlib.Path, builtin: str = "dgx-a100") -> pathlib.Path:
+    """A built-in node with the channels' major stated, as /proc/devices would list it on a real node."""
+    data = yaml.safe_load(builtin_text(builtin))
     data["imexChannelsMajor"] = MAJOR
     path = tmp_path / "node.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -117,3 +117,19 @@ async def test_a_channel_not_required_is_left_out_and_the_gpus_served_without_it
     assert CHANNEL not in {d.container_path for d in resp.devices}
     assert "NVIDIA_IMEX_CHANNELS" not in resp.envs
     assert "requested IMEX channel left out" in daemon.log()
+
+
+async def test_mig_devices_and_time_slicing_replicas_get_the_channel_too(kubelet, start_daemon, tmp_path):
+    """NVIDIA gives the channel to every container of the plugin, whatever GPU-family resource it asked for."""
+    dev = dev_root(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n"
+                   "    - {name: nvidia.com/gpu, replicas: 2}\nimex:\n  channelIDs: [0]\n")
+    start_daemon("--config", str(cfg), "--dev-root", str(dev), simulate=str(node_file(tmp_path, "dgx-a100-mig")))
+    mig = "nvidia.com/mig-1g.10gb"
+    await kubelet.wait_for(lambda: kubelet.devices(mig) and kubelet.devices(GPU), timeout=60)
+    replica = next(i for i in kubelet.devices(GPU) if "::" in i)
+    for resource, ids in ((mig, [next(iter(kubelet.devices(mig)))]), (GPU, [replica])):
+        resp = await kubelet.allocate(resource, ids)
+        assert CHANNEL in {d.container_path for d in resp.devices}, (resource, resp.devices)
+        assert resp.envs["NVIDIA_IMEX_CHANNELS"] == "0", resource
