@@ -103,14 +103,15 @@ def parse_config(text: str, path: str) -> Config:
     except nvidia.NvidiaFlagError as e:
         raise ConfigError(f"{path}:{nvidia.error_line(root, e)}: field {'.'.join(e.path)}: {e.message} "
                           f"(fix: {e.fix})") from None
+    imex_ids, imex_required = nvidia.imex_of(data)
     return Config(
         path=path,
         flags=flags,
         gpu_health=dict((data.get("gpus") or {}).get("health") or {}),
         nic_resource_list=list((data.get("nics") or {}).get("resourceList") or []),
         time_slicing=parse_sharing(data.get("sharing"), root, path),
-        imex_channel_ids=nvidia.imex_of(data)[0],
-        imex_required=nvidia.imex_of(data)[1],
+        imex_channel_ids=imex_ids,
+        imex_required=imex_required,
     )
 
 

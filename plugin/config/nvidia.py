@@ -143,17 +143,6 @@ def _norm(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else (value,) if isinstance(value, str) else value
 
 
-def check_top_level(data: Mapping[str, Any]) -> None:
-    """NVIDIA's `resources:` (ignored, as NVIDIA does) and `imex:` (NVIDIA's rule: channelIDs [] or [0])."""
-    if data.get("resources"):
-        log.warning("Customizing the 'resources' field is not supported in the config; ignoring it "
-                    "(NVIDIA's plugin ignores it too)")
-    ids, _ = imex_of(data)
-    if ids not in IMEX_CHANNEL_IDS:
-        raise NvidiaFlagError(["imex", "channelIDs"], f"channelIDs must be [] or [0] (NVIDIA's device plugin "
-                              f"accepts no other); found {list(ids)}", "set channelIDs: [0], or remove it")
-
-
 #: What NVIDIA's device plugin accepts in `imex.channelIDs` (`AssertChannelIDsValid`): none, or channel 0.
 IMEX_CHANNEL_IDS: tuple[tuple[int, ...], ...] = ((), (0,))
 
@@ -163,6 +152,17 @@ def imex_of(data: Mapping[str, Any]) -> tuple[tuple[int, ...], bool]:
     gets (plugin/model/imex.py) and whether the start fails without them."""
     imex = data.get("imex") or {}
     return tuple(imex.get("channelIDs") or ()), bool(imex.get("required"))
+
+
+def check_top_level(data: Mapping[str, Any]) -> None:
+    """NVIDIA's `resources:` (ignored, as NVIDIA does) and `imex:` (NVIDIA's rule: channelIDs [] or [0])."""
+    if data.get("resources"):
+        log.warning("Customizing the 'resources' field is not supported in the config; ignoring it "
+                    "(NVIDIA's plugin ignores it too)")
+    ids, _ = imex_of(data)
+    if ids not in IMEX_CHANNEL_IDS:
+        raise NvidiaFlagError(["imex", "channelIDs"], f"channelIDs must be [] or [0] (NVIDIA's device plugin "
+                              f"accepts no other); found {list(ids)}", "set channelIDs: [0], or remove it")
 
 
 def error_line(root: yaml.Node | None, e: NvidiaFlagError) -> int | None:
