@@ -523,3 +523,23 @@ def test_the_readiness_check_is_on_by_default_and_on_a_simulated_node_only_when_
     named = {"simulate": "dgx-h100", "imex_control_binary": IMEX_CTL}
     assert imex_control_binary(settings(named, given=True)) == IMEX_CTL
     assert imex_control_binary(settings(named, given=False, flags={"imexControlBinary": IMEX_CTL})) == IMEX_CTL
+
+
+async def test_a_daemon_that_never_answers_is_cut_off_at_the_bound_with_the_fix(short_tmp):
+    """A hung host daemon must not hang prepare: the program is stopped at the bound and the claim told why."""
+    from plugin.dra.kubelet.imex_ready import ImexReadiness
+
+    path = os.path.join(short_tmp, "hung.sock")
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # says nothing; returns once the stopped program's end of the socket is gone
+        writer.close()
+
+    server = await asyncio.start_unix_server(never_answer, path=path)
+    try:
+        problem = await ImexReadiness(IMEX_CTL, path, timeout_s=0.5).problem()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert problem is not None and "did not answer" in problem and "within 0.5 s" in problem, problem
+    assert "systemctl status nvidia-imex" in problem
