@@ -47,6 +47,10 @@ interface name two claims of one pod ask for, `plugin.dra.network.conflicts`)
 is checked under the checkpoint lock as the claim is recorded. Unprepare
 first has the claim's NICs given back to the node (a failure keeps the claim
 recorded, so the kubelet's retry finds it).
+
+IMEX channels (host-managed IMEX): before a claim holding a channel is recorded, the host's IMEX daemon
+is asked once per call (`imex_ready.ImexReadiness`, NVIDIA's `nvidia-imex-ctl -q`); unless it answers
+READY the claim fails with its state and the fix, nothing is recorded, and the kubelet's retry asks again.
 """
 
 from __future__ import annotations
