@@ -24,6 +24,7 @@ from ..config.flags import BY_DEST, KIND_FIX, Option, options_for, restart_neede
 from ..errors import OptionError
 from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS
 from ..model.gpu_allocate import GpuAllocateOptions
+from ..model.imex import ChannelNode, ImexChannelsError, device_plugin_channels, expected_major
 from ..observability.address import parse_address
 from ..observability.logging_setup import release_early_logs
 from ..model.nic_pools import NicPool, parse_pools
@@ -201,6 +202,22 @@ def nic_pools(settings: Settings) -> tuple[NicPool, ...]:
                        dev_root=settings.values["dev_root"])
 
 
+def imex_channels(settings: Settings) -> tuple[ChannelNode, ...]:
+    """NVIDIA's `imex:` of the config file as the channels every GPU container gets (plugin/model/imex.py):
+    each must be a character device under --dev-root with the channels' major (/proc/devices, or a simulated
+    node's `imexChannelsMajor`); a missing one fails the start only with `imex.required`."""
+    c = settings.config
+    if not c.imex_channel_ids:
+        return ()
+    v = settings.values
+    where = f"{c.path}: field imex.channelIDs"
+    try:
+        major = expected_major(v.get("proc_root") or "/proc", v.get("simulate") or None)
+        return device_plugin_channels(c.imex_channel_ids, c.imex_required, v.get("dev_root") or "/dev", major, where)
+    except ImexChannelsError as e:
+        raise ConfigError(str(e)) from None
+
+
 def resource_options(settings: Settings) -> ResourceOptions:
     """What the resource layer needs; raises `InputError`s (`OptionError`, `NicPoolError`) for bad values."""
     v = settings.values
@@ -218,6 +235,7 @@ def resource_options(settings: Settings) -> ResourceOptions:
             cdi_annotation_prefix=v["cdi_annotation_prefix"],
             pass_device_specs=v["pass_device_specs"],
             toolkit_dirs=tuple(v.get("toolkit_cdi_dirs") or DEFAULT_TOOLKIT_DIRS),
+            imex_channels=imex_channels(settings),
         ),
         nic_pools=nic_pools(settings),
         nic_resource_name=v["nic_resource_name"],

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from ..allocation.pod_resources import socket_path
+from ..config.flags import BY_DEST
 from ..errors import InputError
 from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS
 from ..model.resources import ResourceOptions
@@ -145,6 +147,7 @@ def dra_settings(settings: Settings) -> DraSettings:
         toolkit_kind=f"{v['cdi_vendor']}/{v['cdi_class']}",
         mps_root=v["mps_root"], mps_control_binary=v["mps_control_binary"],
         gpu_shares=whole_count(settings, "dra_gpu_shares", "shares"), imex=imex_channels(settings),
+        imex_control_binary=imex_control_binary(settings), imex_control_socket=v["imex_control_socket"],
         nic_pools=nic_pools(settings), nic_resource_name=v["nic_resource_name"])
 
 
@@ -157,10 +160,19 @@ def whole_count(settings: Settings, dest: str, what: str) -> int:
     return int(value)
 
 
+def imex_control_binary(settings: Settings) -> str:
+    """`--imex-control-binary`, or "" (not asked) on a simulated node where it is left at its default: a
+    simulated node has no host IMEX daemon to ask, and its tests name a stand-in when they want one."""
+    value = str(settings.values.get("imex_control_binary") or "")
+    default = settings.sources.get("imex_control_binary") in (None, ParameterSource.DEFAULT) and \
+        BY_DEST["imex_control_binary"].key not in settings.config.flags
+    return "" if settings.values.get("simulate") and default else value
+
+
 def imex_channels(settings: Settings) -> ImexChannels | None:
     """`--dra-imex-channels` as `ImexChannels` (None: 0): the major from `--proc-root`'s devices file, or on a
     simulated node (which reads no procfs) the node file's `imexChannelsMajor`."""
-    from ..dra.slices.imex_channels import ImexChannels, ImexChannelsError, channels_of  # noqa: PLC0415 (DRA mode only)
+    from ..model.imex import ImexChannels, ImexChannelsError, channels_of  # noqa: PLC0415 (DRA mode only)
     from ..sources.simulated import stated_imex_major  # noqa: PLC0415 (as above)
 
     count = whole_count(settings, "dra_imex_channels", "IMEX channels")

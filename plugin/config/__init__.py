@@ -38,6 +38,9 @@ class Config:
     nic_resource_list: list[Any] = field(default_factory=list)
     #: NVIDIA's `sharing.timeSlicing` (None: no GPU is shared).
     time_slicing: TimeSlicing | None = None
+    #: NVIDIA's `imex.channelIDs` (`[]` or `[0]`) and `imex.required`: the IMEX channels every GPU container gets.
+    imex_channel_ids: tuple[int, ...] = ()
+    imex_required: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -100,12 +103,15 @@ def parse_config(text: str, path: str) -> Config:
     except nvidia.NvidiaFlagError as e:
         raise ConfigError(f"{path}:{nvidia.error_line(root, e)}: field {'.'.join(e.path)}: {e.message} "
                           f"(fix: {e.fix})") from None
+    imex_ids, imex_required = nvidia.imex_of(data)
     return Config(
         path=path,
         flags=flags,
         gpu_health=dict((data.get("gpus") or {}).get("health") or {}),
         nic_resource_list=list((data.get("nics") or {}).get("resourceList") or []),
         time_slicing=parse_sharing(data.get("sharing"), root, path),
+        imex_channel_ids=imex_ids,
+        imex_required=imex_required,
     )
 
 

@@ -283,6 +283,14 @@ OPTIONS: tuple[Option, ...] = (
            "nvidia-caps-imex-channels; the start fails with the fix where the driver has none). 0: none "
            "(docs/compared-with-nvidia.md).", kind="number", default=0, zero_ok=True, maximum=2048, commands=SERVE,
            target=Target.DRA, metavar="COUNT", schema_extra={"multipleOf": 1}),
+    Option("imex_control_binary", "Host-managed IMEX: before a claim's IMEX channel is handed out, run this "
+           "program as `<program> -q --u=<--imex-control-socket>` (NVIDIA's nvidia-imex-ctl, looked up on PATH "
+           "unless a path is given); prepare fails, and the kubelet retries it, unless it answers READY. Empty: "
+           "channels are handed out unchecked; on a simulated node it runs only when given "
+           "(docs/compared-with-nvidia.md).", default="nvidia-imex-ctl", commands=SERVE, target=Target.DRA),
+    Option("imex_control_socket", "The host IMEX daemon's command socket --imex-control-binary asks "
+           "(IMEX_CMD_UNIX_DOMAIN_PATH in /etc/nvidia-imex/config.cfg, with IMEX_CMD_ENABLED=1).", kind="path",
+           default="/etc/nvidia-imex/imex_ctrl.sock", commands=SERVE, target=Target.DRA),
     Option("dra_toolkit_cdi", "DRA mode: give each prepared GPU and MIG device NVIDIA's container toolkit's CDI "
            "device beside ours (<cdi-vendor>/<cdi-class>=<UUID> with uuid; =<index>, a MIG device "
            "<GPU index>:<slot>, with index), so the container also gets the driver's libraries, nvidia-smi, "

@@ -12,6 +12,8 @@ would expect (docs/sharing.md, "NVIDIA compatibility"):
 - **accepted where the value means what we do, refused otherwise** with the
   field and the fix (`nvidiaDriverRoot: /` yes, another root no; the
   GPUDirect switches off yes, on no; `volume-mounts` no).
+- **NVIDIA's `imex:`** (`channelIDs: [0]`, `required`): honoured as NVIDIA's plugin does
+  (plugin/model/imex.py), `channelIDs` checked here as NVIDIA checks it.
 - **ignored with a warning**: settings of NVIDIA's own machinery that have no
   effect here (`nvidiaCTKPath`, ...), and NVIDIA's `resources`
   renaming, which NVIDIA itself ignores with a warning. The `gfd` section
@@ -141,16 +143,26 @@ def _norm(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else (value,) if isinstance(value, str) else value
 
 
+#: What NVIDIA's device plugin accepts in `imex.channelIDs` (`AssertChannelIDsValid`): none, or channel 0.
+IMEX_CHANNEL_IDS: tuple[tuple[int, ...], ...] = ((), (0,))
+
+
+def imex_of(data: Mapping[str, Any]) -> tuple[tuple[int, ...], bool]:
+    """NVIDIA's `imex:` section (schema-checked) as (channel IDs, required): the channels every GPU container
+    gets (plugin/model/imex.py) and whether the start fails without them."""
+    imex = data.get("imex") or {}
+    return tuple(imex.get("channelIDs") or ()), bool(imex.get("required"))
+
+
 def check_top_level(data: Mapping[str, Any]) -> None:
-    """NVIDIA's `resources:` (ignored, as NVIDIA does) and `imex:` (only empty)."""
+    """NVIDIA's `resources:` (ignored, as NVIDIA does) and `imex:` (NVIDIA's rule: channelIDs [] or [0])."""
     if data.get("resources"):
         log.warning("Customizing the 'resources' field is not supported in the config; ignoring it "
                     "(NVIDIA's plugin ignores it too)")
-    imex = data.get("imex") or {}
-    if imex.get("channelIDs"):
-        raise NvidiaFlagError(["imex", "channelIDs"], "IMEX channels are not supported", "remove imex.channelIDs")
-    if imex.get("required"):
-        raise NvidiaFlagError(["imex", "required"], "IMEX channels are not supported", "remove imex.required")
+    ids, _ = imex_of(data)
+    if ids not in IMEX_CHANNEL_IDS:
+        raise NvidiaFlagError(["imex", "channelIDs"], f"channelIDs must be [] or [0] (NVIDIA's device plugin "
+                              f"accepts no other); found {list(ids)}", "set channelIDs: [0], or remove it")
 
 
 def error_line(root: yaml.Node | None, e: NvidiaFlagError) -> int | None:

@@ -55,6 +55,7 @@ from ..model.cdi.toolkit import DEFAULT_TOOLKIT_DIRS, TOOLKIT_STRATEGIES, Toolki
 from .kubelet.cdi import ClaimCdi, ClaimSpecs
 from .kubelet.checkpoint import ClaimCheckpoint
 from .kubelet.health_service import HealthBoard
+from .kubelet.imex_ready import DEFAULT_SOCKET as DEFAULT_IMEX_SOCKET, ImexReadiness
 from ..mps.control import MpsControl
 from .claims.mps import ClaimMpsDaemons
 from .mig.prepare import CapsFor, MigPreparer, simulated_caps
@@ -107,6 +108,10 @@ class DraOptions:
     mps_control_binary: str = "nvidia-cuda-mps-control"
     #: How often a claim's ready control daemon is asked whether it still answers (`plugin.mps.supervisor`).
     mps_probe_interval_s: float = 5.0
+    #: Host-managed IMEX: the host IMEX daemon's control program asked before a channel is handed out
+    #: (`--imex-control-binary`, plugin/dra/kubelet/imex_ready.py; "": not asked) and its command socket.
+    imex_control_binary: str = ""
+    imex_control_socket: str = DEFAULT_IMEX_SOCKET
     #: `auto`: move prepared NICs into their pods through NRI when NICs are served here; `off`: never
     #: (`--netdev-attach`; the library default is off, the daemon's flag defaults to auto).
     netdev_attach: str = "off"
@@ -240,7 +245,7 @@ class DraDriver:
         self.preparer = preparer = ClaimPreparer(
             options=self.options.slices, checkpoint=self.checkpoint, cdi=self.cdi, read_claim=self.api.get_claim,
             topology=lambda: self.topology, limits=self.options.prepare_limits, mig=self.mig,
-            sharing=self._sharing(), network=network, mps=self.mps)
+            sharing=self._sharing(), network=network, mps=self.mps, imex_ready=self._imex_ready())
         self._service = await _serve(self.paths.service_socket, lambda s: add_dra_services(s, preparer, self.health))
         self._registrar = await _serve(self.paths.registration_socket,
                                        lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s))
@@ -254,6 +259,16 @@ class DraDriver:
 
     def _sharing(self) -> GpuSharing:
         return self.parts.sharing(state_path(self.paths.checkpoint))
+
+    def _imex_ready(self) -> ImexReadiness | None:
+        """The readiness check of the host's IMEX daemon, where channels are published and a program is named."""
+        o = self.options
+        if o.slices.imex is None or not o.imex_control_binary:
+            if o.slices.imex is not None:
+                log.info("IMEX channels handed out without asking the host's IMEX daemon (--imex-control-binary "
+                         "empty, or a simulated node without it)")
+            return None
+        return ImexReadiness(o.imex_control_binary, o.imex_control_socket)
 
     def _pod_network(self, topology: NodeTopology) -> ClaimNetwork | None:
         """The NIC side of prepare when NICs are to be attached here (None: `NoNetwork`, nothing attached)."""

@@ -45,8 +45,10 @@ class CdiNamingBuilder:
     """Wraps a resource's Allocate builder: its answer plus the CDI names of our spec for the devices."""
 
     def __init__(self, inner, spec: CdiSpec, strategies: Sequence[str], prefix: str, resource_name: str,
-                 pass_device_specs: bool = True):
+                 pass_device_specs: bool = True, also: Sequence[str] = ()):
         self.inner = inner
+        #: Qualified names every answer with devices also gets (the IMEX channels of `imex.channelIDs`).
+        self.also = tuple(also)
         self.pass_device_specs = pass_device_specs
         self.spec = spec
         self.strategies = tuple(strategies)
@@ -56,6 +58,8 @@ class CdiNamingBuilder:
     def build(self, ids: Sequence[str], devices: Sequence[Device]) -> ContainerAllocation:
         out = self.inner.build(ids, devices)
         names = names_for(self.spec, ids)
+        if names:
+            names += [n for n in self.also if n not in names]
         add_names(out, names, self.strategies, self.prefix, self.resource_name)
         if names and not self.pass_device_specs:
             # CDI alone: our spec holds every node the inner builder listed (`plugin.model.cdi` builds both from the

@@ -31,6 +31,12 @@ name (stale, or generated with `--device-name-strategy index` only): the
 container would otherwise fail at creation with "unresolvable CDI devices".
 With no spec of the kind readable in those directories (not mounted into the
 daemon's container) the names are passed unchecked, as before.
+
+IMEX channels (NVIDIA's `imex.channelIDs`, found at start: plugin/model/imex.py) go to every container of a
+GPU-family resource, as NVIDIA's plugin gives them: `NVIDIA_IMEX_CHANNELS` with `envvar` (NVIDIA's hook reads
+it), the node as a device spec; with specs we write, a CDI device of the resource's spec names it
+(`plugin.model.resources`), so CDI alone still carries it. With `--cdi-specs external` the device spec is
+always passed: the toolkit's GPU spec has no channel.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from .allocate_response import ContainerAllocation, DeviceNode
 from .cdi.toolkit import DEFAULT_TOOLKIT_DIRS, ToolkitSpecError, ToolkitSpecs
 from .cdi_names import add_names, uses_cdi
 from .identity import device_uuid
+from .imex import ENV_VAR as IMEX_ENV, ChannelNode
 from ..config.flags import DEVICE_LIST_STRATEGIES
 from ..errors import OptionError
 
@@ -67,6 +74,8 @@ class GpuAllocateOptions:
     pass_device_specs: bool = True
     #: Where `--cdi-specs external` names are checked (the CDI spec directories the runtime reads).
     toolkit_dirs: tuple[str, ...] = DEFAULT_TOOLKIT_DIRS
+    #: NVIDIA's `imex.channelIDs` as found on this node: every container of these resources gets them.
+    imex_channels: tuple[ChannelNode, ...] = ()
 
     def __post_init__(self) -> None:
         bad = [s for s in self.device_list_strategy if s not in DEVICE_LIST_STRATEGIES]
@@ -120,6 +129,8 @@ class GpuAllocateBuilder:
             out.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
         else:
             out.envs["NVIDIA_VISIBLE_DEVICES"] = "void"
+        if o.imex_channels and "envvar" in strategies:
+            out.envs[IMEX_ENV] = ",".join(str(c.id) for c in o.imex_channels)
         if o.uses_cdi and o.cdi_specs == "external":
             uuids = [device_uuid(self.source, d) if self.source is not None else d.uuid for d in devices]
             names = [f"{o.cdi_vendor}/{o.cdi_class}={u or i}" for i, u in zip(ids, uuids)]
@@ -129,6 +140,7 @@ class GpuAllocateBuilder:
                     raise ToolkitSpecError(problem)
             add_names(out, names, strategies, o.cdi_annotation_prefix, self.resource_name)
             if not o.pass_device_specs:
+                self._add_channels(out)  # the toolkit's GPU spec names no channel
                 return out  # `nvidia-ctk cdi generate`'s spec has the device nodes; the runtime injects them
         for d in devices:
             for path in device_paths(d):
@@ -140,4 +152,9 @@ class GpuAllocateBuilder:
                 node = self._node(name)
                 if node:
                     out.add_device(node)
+        self._add_channels(out)
         return out
+
+    def _add_channels(self, out: ContainerAllocation) -> None:
+        for c in self.options.imex_channels:
+            out.add_device(DeviceNode(container_path=c.container_path, host_path=c.host_path, permissions="rw"))

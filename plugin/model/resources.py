@@ -22,12 +22,13 @@ from allocator.policies import SubsetTableCache, prepare_tables
 from allocator.subdevices import child_graph
 from allocator.topology import Device, DeviceGraph, DeviceKind, NodeTopology
 
-from .cdi import CdiOptions, spec_for
+from .cdi import CdiDevice, CdiOptions, Edits, spec_for
 from .cdi_names import CdiNamingBuilder
 from ..config.sharing import TimeSlicing
 from ..errors import OptionError
 from .gpu_allocate import GpuAllocateBuilder, GpuAllocateOptions
 from .identity import device_uuid, simulated_uuid
+from .imex import cdi_name as imex_cdi_name
 from .mig_strategy import GpuGroup, group_gpus
 from .nic_pools.pools import NicPool, default_pool
 from .resource import AllocateBuilder, Resource, ResourceDevice
@@ -199,14 +200,22 @@ def _nic_resources(topology: NodeTopology, options: ResourceOptions) -> list[Res
 
 
 def _with_cdi(resource: Resource, options: ResourceOptions) -> Resource:
-    """The resource with the CDI spec we write for it, and Allocate naming its devices from it."""
+    """The resource with the CDI spec we write for it, and Allocate naming its devices from it.
+
+    A GPU-family spec also holds the IMEX channels of NVIDIA's `imex.channelIDs` (one CDI device each, as
+    NVIDIA's own `imex-channel` spec has), named in every answer beside the GPUs'."""
     o = options.gpu_allocate
     spec = spec_for(resource.name, resource.kind, [(d.id, d.device) for d in resource.devices],
                     CdiOptions(dev_root=options.dev_root))
     if spec is None:
         return resource
+    channels: list[str] = []
+    if o.imex_channels and resource.kind in (DeviceKind.GPU, DeviceKind.MIG):
+        extra = tuple(CdiDevice(imex_cdi_name(c.id), Edits((c.cdi_node(),))) for c in o.imex_channels)
+        spec = replace(spec, devices=spec.devices + extra)
+        channels = [spec.qualified(d.name) for d in extra]
     builder = CdiNamingBuilder(resource.builder, spec, o.device_list_strategy, o.cdi_annotation_prefix, resource.name,
-                               o.pass_device_specs)
+                               o.pass_device_specs, also=channels)
     return replace(resource, builder=builder, cdi_spec=spec)
 
 

@@ -168,6 +168,7 @@ SHARING_CDI = {
         "flags": {"deviceListStrategy": ["envvar", "cdi-cri"], "migStrategy": "mixed"},
         "sharing": {"timeSlicing": {"renameByDefault": True,
                                     "resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}},
+        "imex": {"channelIDs": [0], "required": False},
     },
 }
 
@@ -463,7 +464,10 @@ def test_values_schema_flags_match_the_daemon_config_schema():
     daemon_health = daemon["properties"]["gpus"]["properties"]["health"]["properties"]
     chart_health = chart_config["gpus"]["properties"]["health"]["properties"]
     assert set(chart_health) == set(daemon_health)
-    assert set(chart_config) - {"existingConfigMap"} == set(daemon["properties"]) - {"version", "resources", "imex"}
+    assert set(chart_config) - {"existingConfigMap"} == set(daemon["properties"]) - {"version", "resources"}
+    # NVIDIA's `imex:` section, as the daemon reads it (channel 0 for every GPU container).
+    imex = {k: v for k, v in daemon["properties"]["imex"].items() if k != "description"}
+    assert chart_config["imex"] == imex
 
 
 # The daemon's NIC pool vocabulary, read through its public parser: an unknown key's error
@@ -577,6 +581,7 @@ def test_cdi_strategy_mounts_the_hosts_cdi_dir_and_sharing_reaches_the_config(he
     assert {"name": "cdi", "mountPath": "/var/run/cdi"} in r.container["volumeMounts"]  # writable: specs go there
     config = yaml.safe_load(r.get("ConfigMap")["data"]["config.yaml"])
     assert config["sharing"] == SHARING_CDI["config"]["sharing"]
+    assert config["imex"] == {"channelIDs": [0], "required": False}  # NVIDIA's section, to the daemon as given
     assert "cdi" not in {v["name"] for v in default.pod_spec["volumes"]}  # envvar: no CDI dir
     (tmp_path / "a").mkdir()
     annotations = render(helm, tmp_path / "a", {"config": {"flags": {"deviceListStrategy": "cdi-annotations"}}})

@@ -12,8 +12,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 import os
+import pathlib
 from dataclasses import replace
 
 import pytest
@@ -284,10 +288,9 @@ def test_more_channels_than_the_driver_has_are_refused():
 # ---- IMEX channels through the driver: published, prepared over real gRPC ------------------------
 
 
-@pytest.fixture
-async def imex_driver(short_tmp, kube_api, apiserver):
+async def _start_imex_driver(short_tmp, kube_api, **extra):
     """A driver serving a tray whose GPUs are in clique 7, with 4 channels (major 234), registered with the
-    kubelet stand-in over real unix sockets; yields (plugin client, CDI root)."""
+    kubelet stand-in over real unix sockets: (driver, plugin client, CDI root). `extra`: more DraOptions."""
     from kubelet_standin import register, registration_sockets
     from plugin.dra import DraOptions
     from plugin.dra.slices.imex_channels import ImexChannels
@@ -295,11 +298,22 @@ async def imex_driver(short_tmp, kube_api, apiserver):
 
     roots = os.path.join(short_tmp, "kubelet"), os.path.join(short_tmp, "cdi")
     opts = DraOptions(slices=SliceOptions(node_name="node-a", driver_name="topo.dev", imex=ImexChannels(234, 4)),
-                      kubelet_root=roots[0], cdi_root=roots[1], resync_s=3600, instance_id="pod-0")
+                      kubelet_root=roots[0], cdi_root=roots[1], resync_s=3600, instance_id="pod-0", **extra)
     drv = dra_driver(opts, kube_api)
     await drv.start(tray([7]))
     try:
-        yield await register(registration_sockets(roots[0])[-1]), roots[1]
+        return drv, await register(registration_sockets(roots[0])[-1]), roots[1]
+    except BaseException:
+        await drv.stop()
+        raise
+
+
+@pytest.fixture
+async def imex_driver(short_tmp, kube_api, apiserver):
+    """`_start_imex_driver` without a readiness check; yields (plugin client, CDI root)."""
+    drv, plugin, cdi_root = await _start_imex_driver(short_tmp, kube_api)
+    try:
+        yield plugin, cdi_root
     finally:
         await drv.stop()
 
@@ -381,3 +395,151 @@ def test_a_simulated_node_states_the_channels_major_and_serve_takes_it(tmp_path)
     _Settings.values = {**_Settings.values, "simulate": "dgx-h100"}
     with pytest.raises(InputError, match="simulated node dgx-h100 states no imexChannelsMajor"):
         serve_channels(_Settings())  # type: ignore[arg-type]  # as above
+
+
+# ---- the host IMEX daemon's readiness, asked before a channel is handed out (host-managed IMEX) -------
+
+IMEX_CTL = str(pathlib.Path(__file__).resolve().parents[1] / "support" / "imex_standin" / "nvidia-imex-ctl")
+
+
+class HostImexDaemon:
+    """The host's IMEX daemon as the stand-in `nvidia-imex-ctl` meets it: a real unix socket answering `state`."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.state = "READY"
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        async def answer(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(f"{self.state}\n".encode())
+            await writer.drain()
+            writer.close()
+
+        self.server = await asyncio.start_unix_server(answer, path=self.path)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+            self.server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def calls(self) -> list[list[str]]:
+        try:
+            with open(self.path + ".calls", encoding="utf-8") as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+
+@pytest.fixture
+async def host_imex(short_tmp):
+    daemon = HostImexDaemon(os.path.join(short_tmp, "imex.sock"))
+    await daemon.start()
+    yield daemon
+    await daemon.stop()
+
+
+@pytest.fixture
+async def checked_driver(short_tmp, kube_api, apiserver, host_imex):
+    """A driver that asks the stand-in `nvidia-imex-ctl` (over `host_imex`'s socket) before handing channels out."""
+    drv, plugin, _ = await _start_imex_driver(short_tmp, kube_api, imex_control_binary=IMEX_CTL,
+                                              imex_control_socket=host_imex.path)
+    try:
+        yield plugin
+    finally:
+        await drv.stop()
+
+
+def channel_claim(apiserver, name: str, *devices: str) -> str:
+    return apiserver.add_claim("team", name, [{"request": f"r{i}", "driver": "topo.dev", "pool": "node-a",
+                                               "device": d} for i, d in enumerate(devices)])
+
+
+async def test_a_channel_is_handed_out_once_the_host_imex_daemon_answers_ready(checked_driver, apiserver, host_imex):
+    uid = channel_claim(apiserver, "job", "gpu-0", "imex-channel-0")
+    resp = await checked_driver.prepare(("team", uid, "job"))
+    assert resp.claims[uid].error == ""
+    assert {d.device_name for d in resp.claims[uid].devices} == {"gpu-0", "imex-channel-0"}
+    assert host_imex.calls() == [["-q", f"--u={host_imex.path}"]]  # NVIDIA's query, on the configured socket
+
+
+async def test_a_daemon_not_ready_fails_the_prepare_with_its_state_and_the_retry_succeeds_once_ready(
+        checked_driver, apiserver, host_imex):
+    host_imex.state = "NOT READY"  # contains READY: only the whole answer counts
+    uid = channel_claim(apiserver, "job", "imex-channel-1")
+    resp = await checked_driver.prepare(("team", uid, "job"))
+    error = resp.claims[uid].error
+    assert "ResourceClaim team/job: IMEX channel imex-channel-1 not handed out: the host's IMEX daemon is not " \
+           "ready" in error, error
+    assert "answered 'NOT READY', not READY" in error and "systemctl status nvidia-imex" in error
+    assert "IMEX_CMD_UNIX_DOMAIN_PATH=" + host_imex.path in error and "kubelet retries" in error
+    host_imex.state = "READY"  # the kubelet's retry of the same claim, nothing recorded by the failure
+    again = await checked_driver.prepare(("team", uid, "job"))
+    assert again.claims[uid].error == "" and [d.device_name for d in again.claims[uid].devices] == ["imex-channel-1"]
+
+
+async def test_a_daemon_not_listening_and_a_missing_program_each_say_what_to_fix(
+        short_tmp, kube_api, apiserver, host_imex, checked_driver):
+    await host_imex.stop()  # the host's nvidia-imex is down: nothing on its socket
+    uid = channel_claim(apiserver, "down", "imex-channel-0")
+    error = (await checked_driver.prepare(("team", uid, "down"))).claims[uid].error
+    assert "is not ready" in error and "exited with status 1" in error and "Failed to connect" in error, error
+
+    missing = os.path.join(short_tmp, "no-imex-ctl")
+    drv, plugin, _ = await _start_imex_driver(os.path.join(short_tmp, "b"), kube_api, imex_control_binary=missing)
+    try:
+        uid = channel_claim(apiserver, "nobin", "imex-channel-0")
+        error = (await plugin.prepare(("team", uid, "nobin"))).claims[uid].error
+    finally:
+        await drv.stop()
+    assert f"cannot be asked: {missing} was not found" in error and "--imex-control-binary" in error, error
+
+
+async def test_claims_without_a_channel_never_ask_the_imex_daemon(checked_driver, apiserver, host_imex):
+    host_imex.state = "NOT READY"
+    uid = channel_claim(apiserver, "gpus", "gpu-0", "gpu-1")
+    resp = await checked_driver.prepare(("team", uid, "gpus"))
+    assert resp.claims[uid].error == "" and host_imex.calls() == []
+
+
+def test_the_readiness_check_is_on_by_default_and_on_a_simulated_node_only_when_named():
+    from click.core import ParameterSource
+
+    from plugin.cli.options import Settings
+    from plugin.cli.typed import imex_control_binary
+    from plugin.config import Config
+
+    def settings(values: dict, given: bool, flags: dict | None = None) -> Settings:
+        source = ParameterSource.COMMANDLINE if given else ParameterSource.DEFAULT
+        return Settings(values={"imex_control_binary": "nvidia-imex-ctl", **values},
+                        config=Config(path="config.yaml", flags=flags or {}), command="serve",
+                        sources={"imex_control_binary": source})
+
+    assert imex_control_binary(settings({}, given=False)) == "nvidia-imex-ctl"  # real nodes: asked by default
+    assert imex_control_binary(settings({"simulate": "dgx-h100"}, given=False)) == ""  # no host daemon to ask
+    named = {"simulate": "dgx-h100", "imex_control_binary": IMEX_CTL}
+    assert imex_control_binary(settings(named, given=True)) == IMEX_CTL
+    assert imex_control_binary(settings(named, given=False, flags={"imexControlBinary": IMEX_CTL})) == IMEX_CTL
+
+
+async def test_a_daemon_that_never_answers_is_cut_off_at_the_bound_with_the_fix(short_tmp):
+    """A hung host daemon must not hang prepare: the program is stopped at the bound and the claim told why."""
+    from plugin.dra.kubelet.imex_ready import ImexReadiness
+
+    path = os.path.join(short_tmp, "hung.sock")
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # says nothing; returns once the stopped program's end of the socket is gone
+        writer.close()
+
+    server = await asyncio.start_unix_server(never_answer, path=path)
+    try:
+        problem = await ImexReadiness(IMEX_CTL, path, timeout_s=0.5).problem()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert problem is not None and "did not answer" in problem and "within 0.5 s" in problem, problem
+    assert "systemctl status nvidia-imex" in problem

@@ -54,8 +54,10 @@ def test_nvidia_flags_drive_the_cli_like_ours(tmp_path):
      "7: field flags.plugin.sharedDevicesAllocationPolicy", "most distinct, least-loaded GPUs"),
     (('deviceIDStrategy: "uuid"', 'deviceIDStrategy: "uuid"\n  deviceIdStrategy: index'),
      "9: field flags.plugin.deviceIDStrategy", "contradicts flags.deviceIdStrategy"),
-    (("version: v1", "version: v1\nimex:\n  channelIDs: [0]"), "3: field imex.channelIDs",
-     "IMEX channels are not supported"),
+    (("version: v1", "version: v1\nimex:\n  channelIDs: [2]"), "3: field imex.channelIDs",
+     "channelIDs must be [] or [0] (NVIDIA's device plugin accepts no other); found [2]"),
+    (("version: v1", "version: v1\nimex:\n  channelIDs: [0, 1]"), "3: field imex.channelIDs",
+     "found [0, 1]"),
     (("failOnInitError: true", "failOnInitError: true\n  deviceDiscoveryStrategy: tegra"),
      "5: field flags.deviceDiscoveryStrategy", "Tegra devices are not supported"),
 ])
@@ -109,6 +111,19 @@ def test_mps_and_time_slicing_together_are_refused_naming_both():
     msg = str(e.value)
     assert msg.startswith("nvidia.yaml:") and "field sharing.mps: a config cannot share GPUs both" in msg
     assert "keep sharing.timeSlicing or sharing.mps" in msg
+
+
+@pytest.mark.parametrize("section, ids, required", [
+    ("imex:\n  channelIDs: [0]\n  required: true\n", (0,), True),
+    ("imex:\n  channelIDs: [0]\n", (0,), False),
+    ("imex:\n  channelIDs: []\n", (), False),
+    ("imex:\n  channelIDs: null\n", (), False),  # NVIDIA's own test: a null list is valid
+    ("imex: {}\n", (), False),
+])
+def test_nvidias_imex_section_loads_verbatim(section, ids, required):
+    """NVIDIA's `imex:` keys as NVIDIA's api/config/v1/imex.go reads them: channel 0 or none."""
+    config = parse_config(NVIDIA_FULL + section, "nvidia.yaml")
+    assert (config.imex_channel_ids, config.imex_required) == (ids, required)
 
 
 def test_nvidia_resources_section_is_ignored_with_nvidias_warning(caplog):

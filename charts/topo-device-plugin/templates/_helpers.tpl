@@ -85,7 +85,7 @@ The daemon's config file. `version` comes first; the sections follow in a fixed 
 */}}
 {{- define "topo-device-plugin.config" -}}
 version: v1
-{{- range $section := list "flags" "gpus" "nics" "sharing" }}
+{{- range $section := list "flags" "gpus" "nics" "sharing" "imex" }}
 {{- with index $.Values.config $section }}
 {{ $section }}:
   {{- toYaml . | nindent 2 }}

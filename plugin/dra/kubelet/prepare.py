@@ -47,6 +47,10 @@ interface name two claims of one pod ask for, `plugin.dra.network.conflicts`)
 is checked under the checkpoint lock as the claim is recorded. Unprepare
 first has the claim's NICs given back to the node (a failure keeps the claim
 recorded, so the kubelet's retry finds it).
+
+IMEX channels (host-managed IMEX): before a claim holding a channel is recorded, the host's IMEX daemon
+is asked once per call (`imex_ready.ImexReadiness`, NVIDIA's `nvidia-imex-ctl -q`); unless it answers
+READY the claim fails with its state and the fix, nothing is recorded, and the kubelet's retry asks again.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from ...model.mps_allocate import DEFAULT_HOST_ROOT
 from ...mps.control import MpsControl
 from ..mig.instances import MigError
 from .cdi import ClaimCdi
+from .imex_ready import ImexReadiness
 from .checkpoint import ClaimCheckpoint
 from ..claims.claim import Claim, parse_claim
 from ..claims.prepared import Allocated, ClaimRef, NicNetwork, PreparedClaim, PreparedDevice
@@ -187,6 +192,8 @@ class _CallReads:
     def __init__(self, limit: int):
         self.slots = asyncio.Semaphore(limit)
         self.unreachable: str | None = None
+        #: The host IMEX daemon's readiness, asked once per call for all its channel claims (`ImexReadiness`).
+        self.imex: asyncio.Task[str | None] | None = None
 
 
 def _batches(items: Sequence[ClaimRef], size: int) -> Iterator[Sequence[ClaimRef]]:
@@ -199,8 +206,11 @@ class ClaimPreparer:
                  read_claim: ClaimReader, topology: Callable[[], NodeTopology],
                  limits: PrepareLimits = PrepareLimits(), mig: MigPreparer | None = None,
                  sharing: GpuSharing | None = None, network: ClaimNetwork | None = None,
-                 mps: ClaimMpsDaemons | None = None):
+                 mps: ClaimMpsDaemons | None = None, imex_ready: ImexReadiness | None = None):
         self.options = options
+        #: Host-managed IMEX: the host's IMEX daemon must answer READY before a claim's channel is handed out
+        #: (plugin/dra/kubelet/imex_ready.py); None: channels are handed out unchecked.
+        self.imex_ready = imex_ready
         self.network: ClaimNetwork = network or NoNetwork(options.driver_name)
         #: Dynamic MIG: creates a claim's MIG instances before its CDI spec is written (plugin/dra/mig/prepare.py).
         self.mig = mig
@@ -373,6 +383,16 @@ class ClaimPreparer:
         try:
             claim = parse_claim(await self._read(ref, reads))  # the one parse; everything below reads `claim`
             allocated, shares, channels = self._allocated_devices(ref, claim, table)
+            if channels and self.imex_ready is not None:
+                if reads.imex is None:
+                    reads.imex = asyncio.ensure_future(self.imex_ready.problem())
+                problem = await reads.imex
+                if problem:
+                    names = ", ".join(name for name, _, _ in channels)
+                    log.warning("claim's IMEX channel not handed out: the host's IMEX daemon is not ready",
+                                extra={"uid": ref.uid, "reason": problem})
+                    raise PrepareError(f"ResourceClaim {ref.namespace}/{ref.name}: IMEX channel {names} not "
+                                       f"handed out: {problem}")
             try:
                 wants = self.sharing.wanted(claim, allocated)
                 mps = mps_wanted(claim, allocated, self.options.driver_name)

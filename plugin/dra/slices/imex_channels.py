@@ -9,56 +9,26 @@ hands channels out. Here each channel device also carries the node's `clique` (t
 publish), so one claim can ask for one channel on every node of one clique with `matchAttribute`
 on `clique`.
 
-This module is the pure part: the major number, the slice devices and the device node to inject;
+This module is the pure part: the slice devices (the major and the node to inject: plugin/model/imex.py);
 `slices.build_devices` publishes the devices (`SliceOptions.imex`, `--dra-imex-channels`) and
 prepare puts each allocated channel's node in the claim's CDI spec.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any
 
 from allocator.topology import NodeTopology
 
-from ...model.cdi.spec import DeviceNode
+# The channels' node, major and the `ImexChannels` prepare uses are shared with the device plugin's channels
+# (plugin/model/imex.py); re-exported so the DRA side keeps one import place.
+from ...model.imex import CHANNEL_DIR, MAX_CHANNELS, PROC_DEVICES_NAME, ImexChannels, ImexChannelsError, \
+    channels_of, read_major
 
-#: The driver's name for the channels' character device in /proc/devices.
-PROC_DEVICES_NAME = "nvidia-caps-imex-channels"
-CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
-#: NVIDIA's driver offers 2048 channels per node (NVIDIA's DRA driver assumes the same).
-MAX_CHANNELS = 2048
+__all__ = ["CHANNEL_DIR", "DEVICE_TYPE", "MAX_CHANNELS", "PROC_DEVICES_NAME", "ImexChannels", "ImexChannelsError",
+           "channel_devices", "channel_name", "channel_of", "channels_of", "node_clique", "read_major"]
+
 DEVICE_TYPE = "imex-channel"
-
-
-class ImexChannelsError(ValueError):
-    """The node cannot serve IMEX channels; the message names the file and the fix."""
-
-
-def read_major(proc_root: str = "/proc") -> int | None:
-    """The channels' major number from `<proc_root>/devices`, or None when the driver registered none.
-
-    Only the "Character devices:" section counts (a block device of that name would not be one).
-    """
-    path = os.path.join(proc_root, "devices")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        return None
-    section = ""
-    for line in text.splitlines():
-        line = line.strip()
-        if line.endswith(":"):
-            section = line
-            continue
-        parts = line.split()
-        if section == "Character devices:" and len(parts) == 2 and parts[1] == PROC_DEVICES_NAME:
-            if parts[0].isdigit():
-                return int(parts[0])
-            raise ImexChannelsError(f"{path}: {line!r} has no number before {PROC_DEVICES_NAME}")
-    return None
 
 
 def node_clique(topology: NodeTopology) -> str | None:
@@ -94,30 +64,3 @@ def channel_devices(topology: NodeTopology, count: int) -> list[dict[str, Any]]:
             attrs["clique"] = {"string": clique}
         out.append({"name": channel_name(n), "attributes": dict(sorted(attrs.items()))})
     return out
-
-
-@dataclass(frozen=True)
-class ImexChannels:
-    """What prepare needs: the major number read at start and how many channels are published."""
-
-    major: int
-    count: int
-
-    def device_node(self, channel: int) -> DeviceNode:
-        """The node to create in the container, with its numbers (a simulated node need not have it)."""
-        if not 0 <= channel < self.count:
-            raise ImexChannelsError(f"IMEX channel {channel} is not published here (0..{self.count - 1})")
-        return DeviceNode(path=f"{CHANNEL_DIR}/channel{channel}", type="c", major=self.major, minor=channel)
-
-
-def channels_of(proc_root: str, count: int) -> ImexChannels | None:
-    """`ImexChannels` for `count` channels, None when count is 0; an error naming /proc/devices when the
-    driver has no channel device (an IMEX-less driver or node)."""
-    if count == 0:
-        return None
-    major = read_major(proc_root)
-    if major is None:
-        raise ImexChannelsError(f"{os.path.join(proc_root, 'devices')} has no {PROC_DEVICES_NAME} character "
-                                "device: the NVIDIA driver does not offer IMEX channels here (fix: a driver with "
-                                "IMEX support, or publish no channels)")
-    return ImexChannels(major, count)

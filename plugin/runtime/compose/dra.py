@@ -174,7 +174,8 @@ def dra_factory(s: DraSettings) -> DraFactory:
                              netdev_attach=s.netdev_attach, nri_socket=s.nri_socket,
                              pod_primary_interface=s.pod_primary_interface, nccl_env=s.nccl_env,
                              toolkit_cdi=s.toolkit_cdi, toolkit_dirs=s.toolkit_dirs, toolkit_kind=s.toolkit_kind,
-                             mps_root=s.mps_root, mps_control_binary=s.mps_control_binary)
+                             mps_root=s.mps_root, mps_control_binary=s.mps_control_binary,
+                             imex_control_binary=s.imex_control_binary, imex_control_socket=s.imex_control_socket)
         return dra_driver(options, api, owns_api=True)
 
     return make

@@ -77,6 +77,10 @@ class DraSettings:
     gpu_shares: int = 0
     #: `--dra-imex-channels` with the channels' major (None: no channels published).
     imex: ImexChannels | None = None
+    #: The host IMEX daemon's control program asked before a channel is handed out ("": not asked; on a simulated
+    #: node only when `--imex-control-binary` is given) and its command socket.
+    imex_control_binary: str = ""
+    imex_control_socket: str = "/etc/nvidia-imex/imex_ctrl.sock"
     #: The NIC pools and the default NIC resource name: a NIC's Multus `resourceName` attribute is its
     #: device-plugin resource name, the same in both modes.
     nic_pools: tuple[NicPool, ...] = ()

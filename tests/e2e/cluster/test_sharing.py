@@ -3,7 +3,9 @@
 The chart is installed with NVIDIA's `sharing.timeSlicing` config as is (4 replicas of each
 GPU of a simulated DGX A100): the node advertises GPUs x replicas, pods asking for replicas
 run, and each container's `NVIDIA_VISIBLE_DEVICES` names the physical GPUs behind its replicas,
-each once, as Allocate promised (checked through the real runtime). Then `helm upgrade` moves
+each once, as Allocate promised (checked through the real runtime); with NVIDIA's
+`imex: {channelIDs: [0], required: true}` beside it, every replica container also has the IMEX
+channel 0 node (made with mknod, the node file's stated major) and `NVIDIA_IMEX_CHANNELS=0`. Then `helm upgrade` moves
 the node to the simulated DGX A100 with MIG partitions and `migStrategy: mixed`: one
 resource per MIG profile appears in allocatable with the node's counts, and a pod asking for
 a MIG device runs and sees it.
@@ -11,7 +13,11 @@ a MIG device runs and sees it.
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
+import yaml
 from cluster_fixtures import numa_layout, start_cluster
 from workloads import (
     GPU,
@@ -32,6 +38,18 @@ from workloads import (
 pytestmark = pytest.mark.timeout(1800)
 
 REPLICAS = 4
+IMEX_MAJOR = 234  # the simulated node's stand-in for /proc/devices (any free character major would do)
+IMEX_CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
+
+
+def with_imex_channel(node: Node) -> None:
+    """Channel 0 under the node's dev root (mknod, as NVIDIA's CI makes them) and its major in the node file."""
+    data = yaml.safe_load(node.node_file.read_text())
+    data["imexChannelsMajor"] = IMEX_MAJOR
+    node.node_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    (node.dev_root / "nvidia-caps-imex-channels").mkdir()
+    os.mknod(node.dev_root / "nvidia-caps-imex-channels" / "channel0", 0o666 | stat.S_IFCHR,
+             os.makedev(IMEX_MAJOR, 0))
 
 
 def discover(node: Node, *extra: str) -> dict[str, int]:
@@ -52,8 +70,10 @@ def shared(tmp_path_factory, cluster_inputs):
 def test_time_slicing_replicas_as_nvidia_configures_them(shared):
     c, image = shared["c"], shared["image"]
     node = Node.make(shared["tmp"].mktemp("ts-node"))
+    with_imex_channel(node)
     values = chart_values(image, node)
     values["config"]["sharing"] = {"timeSlicing": {"resources": [{"name": GPU, "replicas": REPLICAS}]}}
+    values["config"]["imex"] = {"channelIDs": [0], "required": True}  # NVIDIA's keys: channel 0 to every container
     helm_upgrade(c, values)
     wait_daemon_ready(c)
     gpus = discover(node)[GPU]
@@ -71,6 +91,9 @@ def test_time_slicing_replicas_as_nvidia_configures_them(shared):
         seen = rep["env"].get("NVIDIA_VISIBLE_DEVICES", "").split(",")
         if sorted(seen, key=int) != physical or len(seen) != len(set(seen)):
             problems.append(f"{name}: NVIDIA_VISIBLE_DEVICES={seen}, replicas {replicas}")
+        if rep["devices"].get(IMEX_CHANNEL) != [IMEX_MAJOR, 0] or rep["env"].get("NVIDIA_IMEX_CHANNELS") != "0":
+            problems.append(f"{name}: IMEX channel {rep['devices'].get(IMEX_CHANNEL)}, "
+                            f"NVIDIA_IMEX_CHANNELS={rep['env'].get('NVIDIA_IMEX_CHANNELS')}")
     assert not problems, "\n".join(problems)
     delete_workloads(c)
 
