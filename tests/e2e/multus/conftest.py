@@ -14,7 +14,6 @@ patch and go.mod/go.sum, and built there (`replace` of the module by that ./src)
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -33,6 +32,7 @@ for p in (HERE.parent / "cluster", ROOT / "tests" / "kubelet", ROOT / "scripts",
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+import build_cache
 import cluster_fixtures
 import kubelet_build
 
@@ -79,8 +79,8 @@ def patched_multus_dir(base: pathlib.Path) -> pathlib.Path:
     name and renamed, so an interrupted copy or patch is never taken for a finished one.
     """
     files = [HERE / "multus" / n for n in ("go.mod", "go.sum", "tools.go")] + [MULTUS_PATCH]
-    key = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()[:16]
-    out = kubelet_build.cache_dir() / "src" / f"multus-{key}"
+    key = build_cache.content_key(*(p.name.encode() + p.read_bytes() for p in files))
+    out = build_cache.subdir("src") / f"multus-{key}"
     if (out / "src").is_dir():
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -101,6 +101,9 @@ def patched_multus_dir(base: pathlib.Path) -> pathlib.Path:
         os.replace(tmp, out)
     except OSError:  # another worker finished first
         shutil.rmtree(tmp, ignore_errors=True)
+    for old in out.parent.glob("multus-*"):  # copies of an older patch or go.mod
+        if old != out and ".tmp" not in old.name:
+            shutil.rmtree(old, ignore_errors=True)
     return out
 
 
