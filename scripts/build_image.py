@@ -48,6 +48,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import build_cache
 import dockerignore
 
 REPOSITORY = "localhost/topo-device-plugin"
@@ -98,16 +99,7 @@ def log(msg: str) -> None:
 
 
 def default_cache() -> Path:
-    d = Path(os.environ.get("TOPO_DP_CACHE_DIR") or Path.home() / ".cache" / "topo-device-plugin") / "image"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def _sha(*parts: bytes) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(hashlib.sha256(p).digest())
-    return h.hexdigest()[:16]
+    return build_cache.subdir("image")
 
 
 def _run(argv: list[str], what: str, **kw) -> subprocess.CompletedProcess:
@@ -134,7 +126,7 @@ def ensure_tools() -> None:
 
 
 def base_key() -> str:
-    return _sha(json.dumps(BASE_RECIPE, sort_keys=True).encode())
+    return build_cache.content_key(json.dumps(BASE_RECIPE, sort_keys=True).encode())
 
 
 def base_rootfs(cache: Path) -> Path:

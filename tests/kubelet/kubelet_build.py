@@ -35,6 +35,11 @@ from dataclasses import dataclass
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+
+import build_cache  # scripts/, put on the path just above
+
 HARNESS_DIR = HERE / "harness"
 HARNESS_PKG = "./cmd/harness"
 IMAGES_DIR = ROOT / "tests" / "e2e" / "images"
@@ -100,10 +105,7 @@ def line(name: str = "current") -> Line:
 
 
 def cache_dir() -> pathlib.Path:
-    d = pathlib.Path(os.environ.get("TOPO_DP_CACHE_DIR")
-                     or pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "topo-device-plugin")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return build_cache.root()
 
 
 class BuildUnavailable(RuntimeError):

@@ -97,6 +97,8 @@ def test_harness_cache_keys_do_not_depend_on_where_the_checkout_is(tmp_path):
             dest = clone / "tests" / "kubelet" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes((kubelet_build.HERE / rel).read_bytes())
+        (clone / "scripts").mkdir()  # the cache's root and key helper kubelet_build imports
+        (clone / "scripts" / "build_cache.py").write_bytes((kubelet_build.ROOT / "scripts" / "build_cache.py").read_bytes())
         proc = subprocess.run(
             [sys.executable, "-c", "import kubelet_build as k; print(*(k.harness_binary_path(n).name for n in k.LINES))"],
             cwd=clone / "tests" / "kubelet", capture_output=True, text=True, timeout=120,

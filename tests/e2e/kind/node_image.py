@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "tests" / "e2e" / "cluster"))
 sys.path.insert(0, str(ROOT / "tests" / "kubelet"))
 
+import build_cache
 import cluster_build
 import kubelet_build
 import component_images
@@ -62,17 +63,10 @@ class Unavailable(RuntimeError):
 
 
 def cache_dir() -> pathlib.Path:
-    base = os.environ.get("TOPO_DP_CACHE_DIR") or str(pathlib.Path.home() / ".cache" / "topo-device-plugin")
-    d = pathlib.Path(base) / "kind"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return build_cache.subdir("kind")
 
 
-def _key(*parts: bytes) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(hashlib.sha256(p).digest())
-    return h.hexdigest()[:16]
+_key = build_cache.content_key
 
 
 def _run(argv: list[str], what: str, env: dict[str, str] | None = None,

@@ -7,7 +7,8 @@ wrap host-device; Multus (thin plugin, the node's first CNI config, delegating t
 to the cluster's bridge) reads the container's device IDs from the kubelet's pod-resources API
 and hands one to each attachment (as `pciBusID` and `deviceID` in its config); host-device
 moves the interface of that PCI function into the pod as net1/net2, and back on deletion.
-Multus v4.2.3 and host-device v1.10.0 are built from their Go modules (./multus, ./host-device).
+Multus v4.3.0 with multus-cni PR #1492 applied (./multus/tools.go) and host-device v1.10.0 are
+built from their Go modules (./multus, ./host-device).
 
 There are no NICs here, so each one is stood in for at the hardware boundary: a veth pair in
 the node's network namespace (`tdpnic<i>`, its peer `tdpnic<i>p` stays behind), and, only in
@@ -21,6 +22,13 @@ they are its GPUs' PIX NICs; deleting the pod returns both to the node's namespa
 names. The control: with NIC IDs that are names (`--nic-id-strategy name`, the default),
 host-device cannot find the device Multus names: the pod's sandbox is refused (and its DEL
 too, so such a pod cannot even be deleted cleanly), and nothing moves.
+
+Then DRA with the same attachments: the NICs moved to DRA (`dra.resources: [topo.dev/nic]`), a
+pod's claim for two NICs (a ResourceClaimTemplate of the chart's NIC class) gets net1/net2 through
+the same two NADs: Multus's DRA client (PR #1492) reads the pod's claims, looks each allocated
+device up in our ResourceSlices and takes its `k8s.cni.cncf.io/resourceName` (our NIC resource
+name, matched against the NAD's annotation) and `k8s.cni.cncf.io/deviceID` (its PCI address,
+host-device's pciBusID).
 """
 
 from __future__ import annotations
@@ -33,9 +41,10 @@ import pytest
 import yaml
 from cluster import Cluster
 from cluster_fixtures import numa_layout, start_cluster
-from sandbox import wait_for
+from sandbox import NODE_IP, wait_for
 from workloads import (
     GPU,
+    NAMESPACE,
     NIC,
     Node,
     chart_values,
@@ -235,3 +244,83 @@ def test_with_name_ids_host_device_cannot_find_the_nic_and_nothing_moves(h100):
     c.kubectl("delete", "pod", "-n", "default", "by-name", "--grace-period=0", "--force")
     now = links(c)
     assert {v: now[v]["address"] for v in macs if v in now} == macs
+
+
+# ---- DRA: the same attachments, the NICs allocated through claims (multus-cni PR #1492) -------------
+
+DRIVER = "topo.dev"
+
+
+def dra_values(image: str, node: Node) -> dict[str, Any]:
+    """NICs through DRA (GPUs stay with the device plugin); our NIC ID strategy no longer matters:
+    the device's `k8s.cni.cncf.io/deviceID` attribute is its PCI address."""
+    # The publisher talks to the API server at its address: this cluster runs no kube-proxy for the service IP.
+    return {**values(image, node, "name"), "dra": {"resources": [NIC]},
+            "extraEnv": [{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                         {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]}
+
+
+def nic_devices(c: Cluster) -> dict[str, dict[str, Any]]:
+    """Our NIC devices in the node's ResourceSlices: device name -> attributes."""
+    out = {}
+    for s in c.get("resourceslices")["items"]:
+        if s["spec"]["driver"] != DRIVER:
+            continue
+        for d in s["spec"].get("devices", []):
+            attrs = d.get("attributes", {})
+            if attrs.get("type", {}).get("string") == "nic":
+                out[d["name"]] = attrs
+    return out
+
+
+def test_multus_attaches_the_nics_a_dra_claim_was_allocated(h100):
+    """One NetworkAttachmentDefinition serves both modes: with the NICs moved to DRA, a pod's claim (from a
+    ResourceClaimTemplate) for two NICs gets net1/net2, the interfaces behind the PCI addresses our slices
+    published as each allocated device's `k8s.cni.cncf.io/deviceID`, found by Multus through the device's
+    `k8s.cni.cncf.io/resourceName` (= the NAD's resourceName annotation, our device-plugin resource name)."""
+    c, image, node, macs = h100["c"], h100["image"], h100["node"], h100["macs"]
+    by_id = {bdf(i): veth(i) for i in range(NICS)}
+    old = wait_daemon_ready(c)["metadata"]["uid"]
+    helm_upgrade(c, dra_values(image, node))
+    try:
+        wait_daemon_ready(c, not_uid=old)
+    except TimeoutError as e:
+        logs = c.kubectl("logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=topo-device-plugin", "--tail=60",
+                         check=False)
+        raise TimeoutError(f"{e}\n--- the daemon's log\n{logs.stdout}{logs.stderr}") from None
+    published = wait_for("8 NICs in our ResourceSlices", lambda: (d := nic_devices(c)) and len(d) == NICS and d, 180)
+    attrs = {name: (a.get("k8s.cni.cncf.io/resourceName", {}).get("string"),
+                    a.get("k8s.cni.cncf.io/deviceID", {}).get("string")) for name, a in published.items()}
+    assert sorted(attrs.values()) == sorted((NIC, b) for b in by_id), attrs
+    # The kubelet no longer offers the NICs as a device-plugin resource (it keeps the name at 0 for a grace period).
+    wait_for("no topo.dev/nic allocatable through the device plugin", lambda: c.allocatable().get(NIC, "0") == "0", 180)
+
+    c.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": "two-nics", "namespace": "default"},
+             "spec": {"spec": {"devices": {"requests": [
+                 {"name": "nics", "exactly": {"deviceClassName": f"nic.{DRIVER}", "count": 2}}]}}}})
+    pod = workload("dra-attached", image, {})
+    pod["metadata"]["annotations"] = {NETWORKS_ANNOTATION: ",".join(NADS)}
+    pod["spec"]["resourceClaims"] = [{"name": "nics", "resourceClaimTemplateName": "two-nics"}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "nics"}]}
+    c.apply(pod)
+    got = wait_settled(c, "dra-attached")
+    assert got["status"]["phase"] == "Running", f"{got['status']}\n{diagnose(c)}\n{multus_log(c)}"
+
+    [status] = got["status"]["resourceClaimStatuses"]
+    claim = c.get("resourceclaim", status["resourceClaimName"], "-n", "default")
+    allocated = sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"])
+    assert len(allocated) == 2, claim["status"]
+    ids = sorted(attrs[d][1] for d in allocated)
+    inside = json.loads(c.kubectl("exec", "-n", "default", "dra-attached", "--", "python3", "-c", LINKS).stdout)
+    assert sorted(inside) == ["eth0", "lo", "net1", "net2"], inside
+    assert sorted([inside["net1"], inside["net2"]]) == sorted(macs[by_id[i]] for i in ids), (inside, ids)
+    nets = {s["name"]: s for s in json.loads(
+        c.get("pod", "dra-attached", "-n", "default")["metadata"]["annotations"][STATUS_ANNOTATION])}
+    assert {nets[f"default/{n}"]["interface"] for n in NADS} == {"net1", "net2"}, nets
+    node_links = links(c)
+    assert {by_id[i] for i in ids}.isdisjoint(node_links), "an attached NIC is still in the node's namespace"
+
+    remove(c, "dra-attached")
+    back = links(c)
+    assert {v: back[v]["address"] for v in by_id.values() if v in back} == macs
