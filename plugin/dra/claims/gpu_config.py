@@ -103,17 +103,26 @@ def _fields(obj: Any, where: str, allowed: Sequence[str]) -> dict[str, Any]:
     return obj
 
 
-def parse_gpu_config(entry: OpaqueConfig) -> GpuConfig | None:
-    """The entry's GpuConfig; None when it is another kind of config; raises `GpuConfigError`."""
+def _parameters(entry: OpaqueConfig, kind: str) -> tuple[dict[str, Any], str] | None:
+    """The entry's parameters and where they are, when they are a `kind` of a version we know; None when they
+    are another kind of config. Both kinds share the envelope: apiVersion, kind, sharing."""
     params = entry.parameters
     where = f"{entry.where}.opaque.parameters"
-    if not isinstance(params, dict) or params.get("kind") != KIND:
+    if not isinstance(params, dict) or params.get("kind") != kind:
         return None
     api = params.get("apiVersion")
     if api not in API_VERSIONS:
-        raise GpuConfigError(f"{where}.apiVersion: {api!r} is not a GpuConfig version this driver knows "
+        raise GpuConfigError(f"{where}.apiVersion: {api!r} is not a {kind} version this driver knows "
                              f"(fix: apiVersion: {API_VERSION}, or NVIDIA's {NVIDIA_API_VERSION})")
-    _fields(params, where, ("apiVersion", "kind", "sharing"))
+    return _fields(params, where, ("apiVersion", "kind", "sharing")), where
+
+
+def parse_gpu_config(entry: OpaqueConfig) -> GpuConfig | None:
+    """The entry's GpuConfig; None when it is another kind of config; raises `GpuConfigError`."""
+    found = _parameters(entry, KIND)
+    if found is None:
+        return None
+    params, where = found
     sharing = params.get("sharing")
     if sharing is None:
         return GpuConfig(timeslice=None, where=entry.where)
@@ -150,15 +159,10 @@ def parse_gpu_config(entry: OpaqueConfig) -> GpuConfig | None:
 def parse_mig_config(entry: OpaqueConfig) -> GpuConfig | None:
     """The entry's MigDeviceConfig (as a `GpuConfig` of `kind` MIG_KIND, never with a time-slice); None when
     it is another kind of config; raises `GpuConfigError` naming the field and the fix."""
-    params = entry.parameters
-    where = f"{entry.where}.opaque.parameters"
-    if not isinstance(params, dict) or params.get("kind") != MIG_KIND:
+    found = _parameters(entry, MIG_KIND)
+    if found is None:
         return None
-    api = params.get("apiVersion")
-    if api not in API_VERSIONS:
-        raise GpuConfigError(f"{where}.apiVersion: {api!r} is not a MigDeviceConfig version this driver knows "
-                             f"(fix: apiVersion: {API_VERSION}, or NVIDIA's {NVIDIA_API_VERSION})")
-    _fields(params, where, ("apiVersion", "kind", "sharing"))
+    params, where = found
     sharing = params.get("sharing")
     if sharing is None:
         return GpuConfig(timeslice=None, where=entry.where, kind=MIG_KIND)
