@@ -104,7 +104,7 @@ def test_mps_replicas_as_nvidia_configures_them_with_a_stand_in_control_daemon(s
     values = chart_values(image, node)
     values["config"]["sharing"] = {"mps": {"resources": [{"name": GPU, "replicas": MPS_REPLICAS}]}}
     values["config"]["flags"].update({"mpsRoot": str(root), "mpsControlBinary": str(binary)})
-    old = wait_daemon_ready(c)["metadata"]["uid"]
+    old = next((p["metadata"]["uid"] for p in daemon_pods(c)), None)  # none when this test runs alone
     helm_upgrade(c, values)
     wait_daemon_ready(c, not_uid=old)
     gpus = discover(node)[GPU]
