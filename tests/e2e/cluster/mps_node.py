@@ -21,8 +21,9 @@ from typing import Any
 STANDIN = pathlib.Path(__file__).resolve().parents[2] / "support" / "mps_standin" / "nvidia-cuda-mps-control"
 #: What the control program answers while held: no daemon can start, and none answers.
 HELD = "#!/bin/sh\necho 'the MPS control program is held by the test' >&2\nexit 1\n"
-#: The unix socket the control daemon binds in its pipe directory (`<pipe>/control`) must fit in 107 bytes.
-SOCKET_SUFFIX = "/nvidia.com_gpu/pipe/control"
+#: The longest control socket under an MPS root: a DRA GPU's (`<root>/dra-GPU-<uuid>/pipe/control`); it must fit
+#: in 107 bytes, which pytest's tmp paths under xdist workers can pass, hence a short directory for the root.
+SOCKET_SUFFIX = "/dra-GPU-" + "0" * 36 + "/pipe/control"
 
 
 def place(node_dir: pathlib.Path, held: bool = False) -> pathlib.Path:
@@ -40,7 +41,8 @@ def place(node_dir: pathlib.Path, held: bool = False) -> pathlib.Path:
 
 
 def mps_root(base: pathlib.Path) -> pathlib.Path:
-    """`base/mps`, checked to leave room for the control socket under it (a longer root is refused by the daemon)."""
+    """`base/mps`, checked to leave room for the control sockets under it (a longer root is refused by the daemon);
+    `base` is a short directory (`topo_testkit.short_dirs`) that outlives the cluster."""
     root = base / "mps"
     assert len(os.fsencode(str(root) + SOCKET_SUFFIX)) <= 107, f"{root}: too long for the control socket"
     return root

@@ -20,11 +20,13 @@ started a new one, and the running pod keeps running.
 from __future__ import annotations
 
 import json
+import pathlib
 
 import mps_node
 import pytest
 from cluster_fixtures import numa_layout, start_cluster
 from sandbox import wait_for
+from topo_testkit.short_dirs import short_tmp_dir
 from workloads import (
     GPU,
     NAMESPACE,
@@ -61,8 +63,11 @@ def discover(node: Node, *extra: str) -> dict[str, int]:
 def shared(tmp_path_factory, cluster_inputs):
     node = Node.make(tmp_path_factory.mktemp("node"))
     numa, distances = node.numa_nodes()
-    for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
-        yield {"c": c, "image": cluster_inputs["image"].ref, "inputs": cluster_inputs, "tmp": tmp_path_factory}
+    # A short directory for the MPS root (its control socket's path), removed only after the cluster is down.
+    with short_tmp_dir() as short:
+        for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
+            yield {"c": c, "image": cluster_inputs["image"].ref, "inputs": cluster_inputs, "tmp": tmp_path_factory,
+                   "short": pathlib.Path(short)}
 
 
 def test_time_slicing_replicas_as_nvidia_configures_them(shared):
@@ -99,7 +104,7 @@ def test_mps_replicas_as_nvidia_configures_them_with_a_stand_in_control_daemon(s
     node = Node.make(shared["tmp"].mktemp("mps-node"))
     node_dir = node.node_file.parent
     binary = mps_node.place(node_dir, held=True)  # no control daemon can start until the stand-in is placed
-    root = mps_node.mps_root(shared["tmp"].mktemp("mps"))
+    root = mps_node.mps_root(shared["short"])
     log_dir = root / "nvidia.com_gpu" / "log"
     values = chart_values(image, node)
     values["config"]["sharing"] = {"mps": {"resources": [{"name": GPU, "replicas": MPS_REPLICAS}]}}

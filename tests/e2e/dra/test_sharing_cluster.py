@@ -40,6 +40,7 @@ import yaml
 from cluster import NODE, Cluster
 from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
+from topo_testkit.short_dirs import short_tmp_dir
 from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
     wait_daemon_ready, workload
 
@@ -59,22 +60,24 @@ DRIVER = "topo.dev"
 def installed(tmp_path_factory, cluster_inputs):
     node = Node.make(tmp_path_factory.mktemp("node"), simulate="dgx-h100")
     numa, distances = node.numa_nodes()
-    # MPS claims: the stand-in control program in the node files the daemon pod mounts (mps_node.py says why).
+    # MPS claims: the stand-in control program in the node files the daemon pod mounts (mps_node.py says why),
+    # and an MPS root short enough for the control sockets under it, removed only after the cluster is down.
     mps_binary = mps_node.place(node.node_file.parent)
-    mps_root = mps_node.mps_root(tmp_path_factory.mktemp("mps"))
-    for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
-        values = chart_values(
-            cluster_inputs["image"].ref, node,
-            dra={"resources": ["nvidia.com/gpu"]},
-            extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
-                      {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
-        values["config"]["flags"].update({"draSharedGpus": True, "mpsRoot": str(mps_root),
-                                          "mpsControlBinary": str(mps_binary)})
-        helm_upgrade(c, values)
-        wait_daemon_ready(c)
-        topology = load_simulated(str(node.node_file))
-        yield {"c": c, "node": node, "image": cluster_inputs["image"].ref, "mps_root": mps_root,
-               "table": device_table(topology, SliceOptions(node_name=NODE))}
+    with short_tmp_dir() as short:
+        mps_root = mps_node.mps_root(pathlib.Path(short))
+        for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
+            values = chart_values(
+                cluster_inputs["image"].ref, node,
+                dra={"resources": ["nvidia.com/gpu"]},
+                extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                          {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+            values["config"]["flags"].update({"draSharedGpus": True, "mpsRoot": str(mps_root),
+                                              "mpsControlBinary": str(mps_binary)})
+            helm_upgrade(c, values)
+            wait_daemon_ready(c)
+            topology = load_simulated(str(node.node_file))
+            yield {"c": c, "node": node, "image": cluster_inputs["image"].ref, "mps_root": mps_root,
+                   "table": device_table(topology, SliceOptions(node_name=NODE))}
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
