@@ -108,8 +108,12 @@ class MpsControl:
         os.makedirs(spec.pipe_dir, mode=0o755, exist_ok=True)
         os.makedirs(spec.log_dir, mode=0o755, exist_ok=True)
         # The clients' /dev/shm (plugin.model.mps_allocate); the chart mounts it at the daemon's /dev/shm too.
-        os.makedirs(os.path.join(os.path.dirname(os.path.dirname(spec.pipe_dir.rstrip("/"))), "shm"),
-                    mode=0o1777, exist_ok=True)
+        # Every client creates its segments there, whatever its user (an image's non-root user included), so it
+        # must be world-writable with the sticky bit, as a /dev/shm tmpfs is (NVIDIA's plugin mounts one): a
+        # chmod, since makedirs' mode goes through the umask and the chart's hostPath makes it 0755 first.
+        shm = os.path.join(os.path.dirname(os.path.dirname(spec.pipe_dir.rstrip("/"))), "shm")
+        os.makedirs(shm, exist_ok=True)
+        os.chmod(shm, 0o1777)
         self._run(spec, ["-d", "-M"] if spec.multi_user else ["-d"], None)
 
     def command(self, spec: DaemonSpec, text: str) -> str:

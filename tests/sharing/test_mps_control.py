@@ -87,6 +87,20 @@ async def test_a_program_that_cannot_start_is_retried_and_never_ready(tmp_path, 
     assert reasons and "already running" in reasons[0] and "exited 1" in reasons[0], reasons
 
 
+def test_the_clients_shared_memory_directory_is_writable_by_any_user(tmp_path):
+    """Found on the cluster: a client container running as its image's non-root user could not create its
+    segments in /dev/shm (`<mps root>/shm`), which the chart's hostPath had made 0755 before the daemon ran."""
+    s = spec(tmp_path)
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o755)
+    control = MpsControl(STANDIN)
+    control.start(s)
+    try:
+        assert stat.S_IMODE(shm.stat().st_mode) == 0o1777
+    finally:
+        control.quit(s)
+
+
 def test_a_missing_program_names_the_option_to_fix(tmp_path):
     with pytest.raises(MpsControlError) as e:
         MpsControl(str(tmp_path / "nowhere")).start(spec(tmp_path))

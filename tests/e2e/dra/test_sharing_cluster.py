@@ -16,6 +16,12 @@ the chart serves the simulated DGX H100's GPUs through DRA. The story:
   asking Short waits with our reason;
 - shares by count (`draGpuShares: 2`, after a `helm upgrade`): two claims that name neither
   memory nor shares run on one GPU with a share each, a third for the same GPU stays unscheduled;
+- MPS (NVIDIA's `GpuConfig` `sharing.strategy: MPS` with `mpsConfig`; the MPS stand-in of
+  tests/support/mps_standin placed in the node files as `mpsControlBinary`): two claims, each with its
+  own limits, take 10Gi of one GPU; their two pods run, each container has the GPU's pipe directory
+  (its control socket answers from inside), `/dev/shm` from `<mpsRoot>/shm` and its own claim's limits;
+  the stand-in started one control daemon for the GPU, with the first claim's defaults, and quits it
+  when the last claim is unprepared (after its pod is gone), not before;
 - host-managed IMEX channels (`draImexChannels: 2`, the simulated node stating the channels'
   major as /proc/devices would): a pod's claim for a channel gets its device node with that major.
 """
@@ -28,15 +34,19 @@ import re
 import time
 from typing import Any
 
+import mps_node
 import pytest
 import yaml
 from cluster import NODE, Cluster
 from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
+from topo_testkit.short_dirs import short_tmp_dir
 from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
     wait_daemon_ready, workload
 
 from plugin.dra.kubelet.checkpoint import ClaimCheckpoint
+from plugin.dra.claims.gpu_config import NVIDIA_API_VERSION
+from plugin.dra.claims.mps import STATE_FILE as MPS_STATE_FILE
 from plugin.dra.claims.sharing import SIMULATED_STATE_FILE
 from plugin.dra.slices.build import SliceOptions, device_table
 from plugin.sources.simulated import load_simulated
@@ -50,18 +60,24 @@ DRIVER = "topo.dev"
 def installed(tmp_path_factory, cluster_inputs):
     node = Node.make(tmp_path_factory.mktemp("node"), simulate="dgx-h100")
     numa, distances = node.numa_nodes()
-    for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
-        values = chart_values(
-            cluster_inputs["image"].ref, node,
-            dra={"resources": ["nvidia.com/gpu"]},
-            extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
-                      {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
-        values["config"]["flags"]["draSharedGpus"] = True
-        helm_upgrade(c, values)
-        wait_daemon_ready(c)
-        topology = load_simulated(str(node.node_file))
-        yield {"c": c, "node": node, "image": cluster_inputs["image"].ref,
-               "table": device_table(topology, SliceOptions(node_name=NODE))}
+    # MPS claims: the stand-in control program in the node files the daemon pod mounts (mps_node.py says why),
+    # and an MPS root short enough for the control sockets under it, removed only after the cluster is down.
+    mps_binary = mps_node.place(node.node_file.parent)
+    with short_tmp_dir() as short:
+        mps_root = mps_node.mps_root(pathlib.Path(short))
+        for c in start_cluster(tmp_path_factory, cluster_inputs, numa_layout(numa), distances, tm_policy="none"):
+            values = chart_values(
+                cluster_inputs["image"].ref, node,
+                dra={"resources": ["nvidia.com/gpu"]},
+                extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                          {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+            values["config"]["flags"].update({"draSharedGpus": True, "mpsRoot": str(mps_root),
+                                              "mpsControlBinary": str(mps_binary)})
+            helm_upgrade(c, values)
+            wait_daemon_ready(c)
+            topology = load_simulated(str(node.node_file))
+            yield {"c": c, "node": node, "image": cluster_inputs["image"].ref, "mps_root": mps_root,
+                   "table": device_table(topology, SliceOptions(node_name=NODE))}
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -246,6 +262,86 @@ def test_the_claim_is_unprepared_once_after_the_last_pod_is_gone(installed):
     assert len(driver_log_lines(c, rf"unprepared claim.*{uid}|{uid}.*unprepared claim")) == 1
 
 
+MPS_CLAIMS = {"mps-a": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"},
+              "mps-b": {"defaultActiveThreadPercentage": 30, "defaultPinnedDeviceMemoryLimit": "4Gi"}}
+
+
+def mps_claim(name: str, gpu_index: int, mps: dict[str, Any]) -> dict[str, Any]:
+    """A claim for 10Gi of the GPU of `gpu_index`, with NVIDIA's GpuConfig `sharing.strategy: MPS` and `mps`."""
+    exactly = {"deviceClassName": f"gpu.{DRIVER}", "capacity": {"requests": {"memory": "10Gi"}},
+               "selectors": [{"cel": {"expression": f'device.attributes["{DRIVER}"].index == {gpu_index}'}}]}
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": exactly}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": NVIDIA_API_VERSION, "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": mps}}}}],
+        }},
+    }
+
+
+def mps_holders(c: Cluster) -> dict[str, list[str]]:
+    """{GPU UUID: claim UIDs} from the driver's record of who holds which control daemon."""
+    path = plugin_dir(c) / MPS_STATE_FILE
+    return {k: e["holders"] for k, e in json.loads(path.read_text()).items()} if path.exists() else {}
+
+
+def test_two_mps_claims_on_one_gpu_share_one_control_daemon_that_quits_with_the_last(installed):
+    c, image, root = installed["c"], installed["image"], installed["mps_root"]
+    dev = installed["table"]["gpu-6"]
+    minor = dev.minor if dev.minor is not None else dev.index  # a simulated GPU's minor is its index
+    for name, mps in MPS_CLAIMS.items():
+        c.apply(mps_claim(name, 6, mps))
+    # The first claim's prepare starts the daemon with its defaults: start its pod alone.
+    c.apply(claim_pod("mps-a", image, "mps-a"))
+    wait_running(c, "mps-a")
+    c.apply(claim_pod("mps-b", image, "mps-b"))
+    wait_running(c, "mps-b")
+    claims = {n: c.get("resourceclaim", n, "-n", NAMESPACE) for n in MPS_CLAIMS}
+    uids = {n: cl["metadata"]["uid"] for n, cl in claims.items()}
+    assert {r["device"] for cl in claims.values() for r in cl["status"]["allocation"]["devices"]["results"]} == \
+        {"gpu-6"}
+    log_dir = root / f"dra-{dev.uuid}" / "log"
+    recs = mps_node.records(log_dir)
+    assert [r["CUDA_VISIBLE_DEVICES"] for r in recs if r["event"] == "start"] == [dev.uuid], recs
+    assert mps_node.settings_told(recs) == ["set_default_device_pinned_mem_limit 0 10240M",
+                                            "set_default_active_thread_percentage 50"]
+    assert sorted(mps_holders(c)[dev.uuid]) == sorted(uids.values())
+    pipe = f"/mps/dra-{dev.uuid}/pipe"
+    (root / "shm" / "from-host").write_text("written on the node")
+    for name, pinned in (("mps-a", "0=10240M"), ("mps-b", "0=4096M")):
+        rep = wait_for(f"pod {name}'s report", lambda n=name: report(c, n), 60)
+        assert [p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)] == [f"/dev/nvidia{minor}"]
+        env = {k: v for k, v in rep["env"].items() if k.startswith("CUDA_MPS_")}
+        thread = str(MPS_CLAIMS[name]["defaultActiveThreadPercentage"])
+        assert env == {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": thread,
+                       "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": pinned}, (name, env)
+        assert pipe in rep["mounts"] and "/dev/shm" in rep["mounts"], rep["mounts"]
+        inside = json.loads(c.kubectl("exec", "-n", NAMESPACE, name, "--", "python3", "-c", mps_node.INSIDE,
+                                      pipe, "from-host").stdout)
+        # One daemon behind both pipes: it answers with the first claim's default, whoever asks.
+        assert "control" in inside["pipe"] and inside["answer"] == {"ok": True, "out": "50"}, (name, inside)
+        assert inside["shm"] == "written on the node", (name, inside)
+        # As its image's non-root user (as many workloads run), it can still make its segment in /dev/shm.
+        assert inside["uid"] != 0 and inside["shm_write_error"] is None, (name, inside)
+
+    delete_pod(c, "mps-a")
+    wait_for("claim mps-a unprepared", lambda: uids["mps-a"] not in prepared(c), 120)
+    assert mps_holders(c) == {dev.uuid: [uids["mps-b"]]}
+    assert mps_node.records(log_dir)[-1]["event"] != "quit", "the other claim still holds the daemon"
+    assert get_pod(c, "mps-b")["status"]["phase"] == "Running"
+    delete_pod(c, "mps-b")
+    wait_for("claim mps-b unprepared", lambda: uids["mps-b"] not in prepared(c), 120)
+    recs = mps_node.records(log_dir)
+    assert recs[-1]["event"] == "quit" and len([r for r in recs if r["event"] == "start"]) == 1, recs[-3:]
+    assert mps_holders(c) == {}
+    assert not (root / f"dra-{dev.uuid}" / ".ready").exists()
+    for name in MPS_CLAIMS:
+        c.kubectl("delete", "resourceclaim", "-n", NAMESPACE, name, "--wait=false")
+
+
 SHARES = {"long-a": "Long", "short": "Short", "long-b": "Long"}
 
 
@@ -408,6 +504,6 @@ def test_a_claim_for_an_imex_channel_gets_the_channel_node_with_the_drivers_majo
 
 def test_teardown_stops_everything_and_leaves_nothing(installed):
     c = installed["c"]
-    for name in ("shared-gpu", "bad-gpu", *(f"share-{n}" for n in SHARES), *COUNTED, "imex"):
+    for name in ("shared-gpu", "bad-gpu", *MPS_CLAIMS, *(f"share-{n}" for n in SHARES), *COUNTED, "imex"):
         c.kubectl("delete", "resourceclaim", "-n", NAMESPACE, name, "--wait=false", check=False)
     down_and_check_nothing_left(c)
