@@ -999,6 +999,30 @@ def test_dra_mig_adds_a_device_class_for_mig_devices(helm, tmp_path, how):
     assert sel["cel"]["expression"] == 'device.driver == "topo.dev" && device.attributes["topo.dev"].type == "mig"'
 
 
+@pytest.mark.parametrize("how", [{"config": {"flags": {"draImexChannels": 2}}},
+                                 {"extraArgs": ["--dra-imex-channels=1"]}], ids=["config", "extra-args"])
+def test_dra_imex_channels_add_a_device_class_for_the_channels(helm, tmp_path, how):
+    """Host-managed IMEX: a claim names `imex-channel.topo.dev` for a channel (the daemon publishes them as
+    type `imex-channel`), as it names gpu.topo.dev for a GPU."""
+    r = render(helm, tmp_path, {"dra": {"resources": ["nvidia.com/gpu"]}, **how})
+    classes = _by_name(r, "DeviceClass")
+    assert set(classes) == {"gpu.topo.dev", "nic.topo.dev", "imex-channel.topo.dev"}
+    [sel] = classes["imex-channel.topo.dev"]["spec"]["selectors"]
+    assert sel["cel"]["expression"] == \
+        'device.driver == "topo.dev" && device.attributes["topo.dev"].type == "imex-channel"'
+    assert "extendedResourceName" not in classes["imex-channel.topo.dev"]["spec"]
+
+
+@pytest.mark.parametrize("values", [
+    {"dra": {"resources": ["nvidia.com/gpu"]}, "config": {"flags": {"draImexChannels": 0}}},
+    {"dra": {"resources": ["nvidia.com/gpu"]}, "extraArgs": ["--dra-imex-channels=0"]},
+    {"dra": {"resources": ["nvidia.com/gpu"], "deviceClasses": False}, "config": {"flags": {"draImexChannels": 2}}},
+], ids=["zero", "zero-extra-args", "no-classes"])
+def test_no_imex_channel_class_without_channels_or_classes(helm, tmp_path, values):
+    r = render(helm, tmp_path, values)
+    assert "imex-channel.topo.dev" not in _by_name(r, "DeviceClass")
+
+
 def test_dra_without_example_templates(helm, tmp_path):
     r = render(helm, tmp_path, {"dra": {"resources": ["nvidia.com/gpu"], "deviceClasses": False}})
     assert not any(o["kind"] in ("DeviceClass", "ResourceClaimTemplate") for o in r.objects)

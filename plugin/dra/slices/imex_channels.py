@@ -6,8 +6,9 @@ process that holds an IMEX channel, the character device `/dev/nvidia-caps-imex-
 publishes channels as devices of their own (type `channel`, `id`); in its host-managed mode
 (v0.5.0, `HostManagedIMEXDaemon`) the host's `nvidia-imex` serves the domain and the driver only
 hands channels out. Here each channel device also carries the node's `clique` (the value the GPUs
-publish), so one claim can ask for one channel on every node of one clique with `matchAttribute`
-on `clique`.
+publish), so a job's claims can ask for channels on the nodes of one clique: a CEL selector on
+`clique` in the job's template (a claim is allocated on one node, so `matchAttribute` on `clique`
+only holds one claim's channel and GPUs together, never two pods' claims; docs/dra.md).
 
 This module is the pure part: the slice devices (the major and the node to inject: plugin/model/imex.py);
 `slices.build_devices` publishes the devices (`SliceOptions.imex`, `--dra-imex-channels`) and

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,10 +261,18 @@ class Cluster:
         return self.sb.stop("kubelet", sig)
 
     def add_node(self, name: str, numa: dict[int, list[int]], distances: dict[int, list[int]], tm_policy: str,
-                 cpu_policy: str = "none", images: list[pathlib.Path] = ()) -> WorkerNode:
-        """One more node (its own namespaces, containerd and kubelet) joined to this cluster's control plane."""
+                 cpu_policy: str = "none", images: list[pathlib.Path] = (),
+                 files: Callable[[pathlib.Path], None] | None = None) -> WorkerNode:
+        """One more node (its own namespaces, containerd and kubelet) joined to this cluster's control plane.
+
+        `files` writes the node's own files (its directory on the host, NODE_FILES inside) before its kubelet
+        starts: a DaemonSet already installed puts its pod there as soon as the node registers, and that pod's
+        hostPath volumes must find them."""
         node = WorkerNode(self, len(self.workers) + 1, name)
         self.workers.append(node)
+        if files is not None:
+            node.files.mkdir(parents=True, exist_ok=True)
+            files(node.files)
         node.up(numa, distances, tm_policy, cpu_policy, images)
         return node
 

@@ -23,25 +23,33 @@ the chart serves the simulated DGX H100's GPUs through DRA. The story:
   the stand-in started one control daemon for the GPU, with the first claim's defaults, and quits it
   when the last claim is unprepared (after its pod is gone), not before;
 - host-managed IMEX channels (`draImexChannels: 2`, the simulated node stating the channels'
-  major as /proc/devices would): a pod's claim for a channel gets its device node with that major.
+  major as /proc/devices would): a pod's claim for a channel (the chart's class
+  `imex-channel.topo.dev`) gets its device node with that major;
+- last, on three nodes (two more join the module's control plane, one release serves all three): two
+  nodes' GPUs in one simulated NVLink clique, the third's in another. A Job of two pods, each with a
+  claim for channel 0 on the first clique and held apart by pod anti-affinity, runs one pod on each
+  node of that clique with channel0 inside; a pod asking the same but pinned to the other clique's
+  node stays Pending, Unschedulable.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import pathlib
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import mps_node
 import pytest
 import yaml
-from cluster import NODE, Cluster
+from cluster import NODE, NODE_FILES, Cluster
 from cluster_fixtures import down_and_check_nothing_left, numa_layout, start_cluster
 from sandbox import NODE_IP, wait_for
 from topo_testkit.short_dirs import short_tmp_dir
-from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, \
+from workloads import NAMESPACE, REPORT_MARK, Node, chart_values, daemon_pods, diagnose, helm_upgrade, ready, \
     wait_daemon_ready, workload
 
 from plugin.dra.kubelet.checkpoint import ClaimCheckpoint
@@ -460,6 +468,7 @@ def test_shares_by_count_let_two_claims_that_name_no_memory_share_a_gpu_and_a_th
 
 
 IMEX_MAJOR = 234  # the simulated node's stand-in for /proc/devices (any free character major would do)
+IMEX_CLASS = f"imex-channel.{DRIVER}"  # the chart's DeviceClass for channels
 
 
 def test_a_claim_for_an_imex_channel_gets_the_channel_node_with_the_drivers_major(installed):
@@ -483,13 +492,11 @@ def test_a_claim_for_an_imex_channel_gets_the_channel_node_with_the_drivers_majo
                        for d in s["spec"].get("devices", []) if d["name"].startswith("imex-channel-"))
         return names or None
     assert wait_for("IMEX channels published", channels, 180) == ["imex-channel-0", "imex-channel-1"]
-    # The chart ships no class for channels yet: the test makes one.
-    c.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"imex.{DRIVER}"},
-             "spec": {"selectors": [{"cel": {"expression":
-                      f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "imex-channel"'}}]}})
+    # The chart's class for channels (draImexChannels > 0), as a user's claim would name it.
+    c.get("deviceclass", IMEX_CLASS)
     c.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
              "metadata": {"name": "imex", "namespace": NAMESPACE},
-             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"imex.{DRIVER}"}}]}}})
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": IMEX_CLASS}}]}}})
     c.apply(claim_pod("imex", image, "imex"))
     wait_running(c, "imex")
     [result] = c.get("resourceclaim", "imex", "-n", NAMESPACE)["status"]["allocation"]["devices"]["results"]
@@ -499,7 +506,224 @@ def test_a_claim_for_an_imex_channel_gets_the_channel_node_with_the_drivers_majo
     assert got == {f"/dev/nvidia-caps-imex-channels/channel{channel}": [IMEX_MAJOR, channel]}, rep["devices"]
     assert not [p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)]  # a channel, no GPU
     delete_pod(c, "imex")
-    c.kubectl("delete", "deviceclass", f"imex.{DRIVER}", "--wait=false", check=False)
+
+
+# ---- three nodes: IMEX channels across the nodes of one clique ------------------------------------
+#
+# Last in the module (before teardown): the tests from here on see three nodes. The control plane is the
+# module's; two more nodes join it (`Cluster.add_node`: namespaces, containerd with CDI and a kubelet each)
+# and one chart release serves all three, each node its own simulated node file at NODE_FILES.
+
+CLIQUE_A = ("4f1c2a9e-7b3d-4e5a-9c8f-0d2b6a1e3f70", 1)
+CLIQUE_B = ("9d2e4b61-3c5a-4f7e-8a1b-6e0c2d4f5a83", 2)
+#: topo-node and topo-imex-a: one simulated NVLink clique (GPUs with one cluster UUID and clique ID, as NVML's
+#: fabric info on two trays of one NVL72 rack); topo-imex-b: another rack's.
+IMEX_NODES = {NODE: CLIQUE_A, "topo-imex-a": CLIQUE_A, "topo-imex-b": CLIQUE_B}
+JOB_LABEL = {"topo-e2e": "imex-job"}
+
+
+def clique_of(fabric: tuple[str, int]) -> str:
+    """The `clique` attribute's value: `<cluster UUID>.<clique ID>`, as the GPUs publish it."""
+    return f"{fabric[0]}.{fabric[1]}"
+
+
+def fabric_node(w: pathlib.Path, fabric: tuple[str, int]) -> Node:
+    """The DGX H100 with every GPU's fabric in `fabric` (state completed) and the channels' major stated."""
+    w.mkdir(parents=True, exist_ok=True)
+    node = Node.make(w, simulate="dgx-h100")
+    data = yaml.safe_load(node.node_file.read_text())
+    for gpu in data["gpus"]:
+        gpu["fabric"] = {"clusterUuid": fabric[0], "cliqueId": fabric[1], "state": "completed"}
+    data["imexChannelsMajor"] = IMEX_MAJOR
+    node.node_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    return node
+
+
+def node_files(fabric: tuple[str, int]) -> Callable[[pathlib.Path], None]:
+    """What `Cluster.add_node` calls with a joining node's own directory: its simulated node, at `sim`."""
+    def write(files: pathlib.Path) -> None:
+        fabric_node(files / "sim", fabric)
+    return write
+
+
+def at_node_files(node: Node, files: pathlib.Path) -> Node:
+    """The node's files as its daemon pod sees them: at NODE_FILES in that node's mount namespace."""
+    return Node(pathlib.Path(NODE_FILES) / node.node_file.relative_to(files),
+                pathlib.Path(NODE_FILES) / node.dev_root.relative_to(files))
+
+
+def channel_cliques(c: Cluster) -> dict[str, str | None]:
+    """Per node: the `clique` its published imex-channel-0 carries."""
+    out: dict[str, str | None] = {}
+    for sl in c.get("resourceslices")["items"]:
+        if sl["spec"]["driver"] != DRIVER:
+            continue
+        for d in sl["spec"].get("devices", []):
+            if d["name"] == "imex-channel-0":
+                out[sl["spec"].get("nodeName")] = d.get("attributes", {}).get("clique", {}).get("string")
+    return out
+
+
+def ready_daemon_nodes(c: Cluster) -> list[str]:
+    return sorted(p["spec"].get("nodeName", "") for p in daemon_pods(c) if ready(p))
+
+
+def clique_channel_template(name: str, fabric: tuple[str, int]) -> dict[str, Any]:
+    """IMEX channel 0 on a node of the clique `fabric`, and one GPU of the same clique.
+
+    The clique is named by a CEL selector: a claim is allocated on one node, so `matchAttribute` cannot hold
+    two pods' claims to one clique. Within the claim it can: the GPU and the channel match on `clique`."""
+    attrs = f'device.attributes["{DRIVER}"]'
+    expr = f'"clique" in {attrs} && {attrs}.clique == "{clique_of(fabric)}" && {attrs}.id == 0'
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"spec": {"devices": {
+                "requests": [
+                    {"name": "channel",
+                     "exactly": {"deviceClassName": IMEX_CLASS, "selectors": [{"cel": {"expression": expr}}]}},
+                    {"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}],
+                "constraints": [{"requests": ["channel", "gpu"], "matchAttribute": f"{DRIVER}/clique"}]}}}}
+
+
+def with_channel_claim(pod_spec: dict[str, Any], template: str) -> dict[str, Any]:
+    pod_spec["resourceClaims"] = [{"name": "channel", "resourceClaimTemplateName": template}]
+    pod_spec["containers"][0]["resources"] = {"claims": [{"name": "channel"}]}
+    return pod_spec
+
+
+def imex_pod_devices(c: Cluster, name: str) -> tuple[dict[str, list[int]], list[str]]:
+    """The channel nodes (path -> [major, minor]) and the GPU nodes the pod's container sees."""
+    rep = wait_for(f"pod {name}'s report", lambda: report(c, name), 60)
+    return ({p: v for p, v in rep["devices"].items() if p.startswith("/dev/nvidia-caps-imex-channels/")},
+            sorted(p for p in rep["devices"] if re.fullmatch(r"/dev/nvidia\d+", p)))
+
+
+def daemon_timeline(c: Cluster, since: datetime.datetime) -> str:
+    """Where the roll's time went, per daemon pod: created, its container started, Ready (seconds after
+    `since`, at the API's one-second resolution). Printed, never asserted."""
+    def at(stamp: str | None) -> str:
+        if not stamp:
+            return "-"
+        t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        return f"{(t - since).total_seconds():+.0f} s"
+    rows = ["daemon pod    node          created  started  Ready"]
+    for p in sorted(daemon_pods(c), key=lambda p: p["spec"].get("nodeName", "")):
+        st = p.get("status", {})
+        started = next((cs["state"]["running"].get("startedAt") for cs in st.get("containerStatuses", [])
+                        if "running" in cs.get("state", {})), None)
+        rdy = next((x.get("lastTransitionTime") for x in st.get("conditions", [])
+                    if x.get("type") == "Ready" and x.get("status") == "True"), None)
+        rows.append(f"{p['metadata']['name'][-12:]:<13} {p['spec'].get('nodeName', ''):<13} "
+                    f"{at(p['metadata'].get('creationTimestamp')):>7}  {at(started):>7}  {at(rdy):>5}")
+    return "\n".join(rows)
+
+
+@pytest.fixture(scope="module")
+def three_nodes(installed, cluster_inputs):
+    """Two nodes more (one of clique A, one of clique B), the first node moved to clique A, one release."""
+    c, node = installed["c"], installed["node"]
+    start = time.monotonic()
+    since = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    numa, distances = node.numa_nodes()
+    # The release first, with every path at NODE_FILES: the first node's daemon rolls once, and each node that
+    # joins gets its pod of the new template at once (a pod of the old one, deleted by the roll right after it
+    # started, held its node for the 30 s grace period).
+    first = fabric_node(c.files / "sim", IMEX_NODES[NODE])
+    old = wait_daemon_ready(c)["metadata"]["uid"]
+    values = chart_values(installed["image"], at_node_files(first, c.files), dra={"resources": ["nvidia.com/gpu"]},
+                          extraEnv=[{"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+                                    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}])
+    values["config"]["flags"]["draImexChannels"] = 2
+    helm_upgrade(c, values)
+    wait_daemon_ready(c, not_uid=old)
+    rolled = time.monotonic() - start
+    for name, fabric in IMEX_NODES.items():
+        if name != NODE:
+            c.add_node(name, numa_layout(numa), distances, tm_policy="none", images=[cluster_inputs["image"].archive],
+                       files=node_files(fabric))
+    joined = time.monotonic() - start - rolled
+    want = {n: clique_of(f) for n, f in IMEX_NODES.items()}
+    try:
+        wait_for("a Ready daemon on each node, each node's channels carrying its clique",
+                 lambda: ready_daemon_nodes(c) == sorted(IMEX_NODES) and channel_cliques(c) == want, 300)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+    seconds = time.monotonic() - start
+    print(f"\nthe release at NODE_FILES, the first node's daemon rolled: {rolled:.1f} s; two nodes joined (Ready) "
+          f"{joined:.1f} s; every node's daemon Ready with its clique's channels {seconds - rolled - joined:.1f} s "
+          "later")
+    print(daemon_timeline(c, since))
+    yield {"c": c, "image": installed["image"], "seconds": seconds}
+
+
+def test_a_two_pod_job_gets_channel_0_on_the_two_nodes_of_its_clique(three_nodes, record_property):
+    """A Job of two pods, each with a claim from one template asking channel 0 on a node of clique A (and a GPU
+    of the channel's clique), kept on distinct nodes by pod anti-affinity: both run, one on each node of clique A
+    (never on clique B's), and each container has /dev/nvidia-caps-imex-channels/channel0 with the node's major
+    and minor 0, beside its GPU."""
+    c, image = three_nodes["c"], three_nodes["image"]
+    record_property("measured: the release moved to NODE_FILES, two nodes joined, every node's channels "
+                    "published (the three-node tests' set-up)", f"{three_nodes['seconds']:.1f} s")
+    c.apply(clique_channel_template("imex-clique-a", CLIQUE_A))
+    spec = with_channel_claim(workload("unused", image, {})["spec"], "imex-clique-a")
+    spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": JOB_LABEL}, "topologyKey": "kubernetes.io/hostname"}]}}
+    c.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "imex-job", "namespace": NAMESPACE},
+             "spec": {"parallelism": 2, "completions": 2, "backoffLimit": 0,
+                      "template": {"metadata": {"labels": JOB_LABEL}, "spec": spec}}})
+
+    def both_running():
+        pods = c.get("pods", "-n", NAMESPACE, "-l", "topo-e2e=imex-job")["items"]
+        running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        return running if len(running) == 2 else None
+    try:
+        pods = wait_for("both pods of the job Running", both_running, 300)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+    on = sorted(p["spec"]["nodeName"] for p in pods)
+    assert on == sorted(n for n, f in IMEX_NODES.items() if f == CLIQUE_A), on
+    for p in pods:
+        name = p["metadata"]["name"]
+        [ref] = p["status"]["resourceClaimStatuses"]
+        claim = c.get("resourceclaim", ref["resourceClaimName"], "-n", NAMESPACE)
+        results = {r["request"]: r for r in claim["status"]["allocation"]["devices"]["results"]}
+        assert {(r["driver"], r["pool"]) for r in results.values()} == {(DRIVER, p["spec"]["nodeName"])}, results
+        assert results["channel"]["device"] == "imex-channel-0", results
+        channels, gpus = imex_pod_devices(c, name)
+        assert channels == {"/dev/nvidia-caps-imex-channels/channel0": [IMEX_MAJOR, 0]}, name
+        # The claim's GPU, of the same clique (matchAttribute): the one GPU node in the container.
+        assert gpus == [f"/dev/nvidia{results['gpu']['device'].rsplit('-', 1)[1]}"], (name, gpus, results)
+
+
+def test_a_pod_for_clique_a_pinned_to_clique_b_stays_pending(three_nodes):
+    """The same template from a pod held to the clique-B node (nodeSelector): no channel there matches, so the
+    scheduler leaves it Pending as Unschedulable, saying it cannot allocate the claim, and allocates nothing."""
+    c, image = three_nodes["c"], three_nodes["image"]
+    [other] = [n for n, f in IMEX_NODES.items() if f == CLIQUE_B]
+    pod = workload("imex-elsewhere", image, {})
+    pod["metadata"]["namespace"] = NAMESPACE
+    with_channel_claim(pod["spec"], "imex-clique-a")
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": other}
+    c.apply(pod)
+
+    def unschedulable():
+        st = get_pod(c, "imex-elsewhere").get("status", {})
+        return next((x for x in st.get("conditions", []) if x.get("type") == "PodScheduled"
+                     and x.get("reason") == "Unschedulable"), None)
+    try:
+        cond = wait_for("the pod pinned to clique B unschedulable", unschedulable, 180)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{diagnose(c, NAMESPACE)}") from None
+    p = get_pod(c, "imex-elsewhere")
+    assert p["status"]["phase"] == "Pending" and not p["spec"].get("nodeName"), p["status"]
+    assert "cannot allocate all claims" in cond.get("message", ""), cond
+    for ref in p["status"].get("resourceClaimStatuses") or []:
+        claim = c.get("resourceclaim", ref["resourceClaimName"], "-n", NAMESPACE)
+        assert "allocation" not in claim.get("status", {}), claim["status"]
+    delete_pod(c, "imex-elsewhere")
+    c.kubectl("delete", "job", "-n", NAMESPACE, "imex-job", "--cascade=foreground", "--wait=false")
+    wait_for("the job's pods gone", lambda: not c.get("pods", "-n", NAMESPACE, "-l", "topo-e2e=imex-job")["items"],
+             240)
 
 
 def test_teardown_stops_everything_and_leaves_nothing(installed):
