@@ -1111,6 +1111,22 @@ def test_mps_root_is_mounted_at_the_hosts_path_when_set(helm, tmp_path):
         "path": "/run/nvidia/mps", "type": "DirectoryOrCreate"}
 
 
+@pytest.mark.parametrize("values, caps", [
+    ({}, "utility"),
+    ({"config": {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}}, "utility,compute"),
+    ({"dra": {"resources": ["nvidia.com/gpu"]}}, "utility,compute"),
+    ({"config": {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}},
+      "nvidia": {"driverCapabilities": "compute,utility"}}, "compute,utility"),
+    ({"config": {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}},
+      "nvidia": {"driverCapabilities": "all"}}, "all"),
+])
+def test_mps_asks_the_nvidia_runtime_for_compute(helm, tmp_path, values, caps):
+    """The NVIDIA runtime puts nvidia-cuda-mps-control and nvidia-cuda-mps-server (and libcuda) into a container
+    only for the `compute` capability: without it the daemon's MPS control program would not be there."""
+    env = {e["name"]: e.get("value") for e in render(helm, tmp_path, values).container["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == caps
+
+
 # ---- nrt.enabled: the NodeResourceTopology publisher, and the own-node admission policy --------------------------
 
 
