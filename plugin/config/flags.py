@@ -287,7 +287,8 @@ OPTIONS: tuple[Option, ...] = (
            "program as `<program> -q --u=<--imex-control-socket>` (NVIDIA's nvidia-imex-ctl, looked up on PATH "
            "unless a path is given); prepare fails, and the kubelet retries it, unless it answers READY. Empty: "
            "channels are handed out unchecked; on a simulated node it runs only when given "
-           "(docs/compared-with-nvidia.md).", default="nvidia-imex-ctl", commands=SERVE, target=Target.DRA),
+           "(docs/compared-with-nvidia.md).", default="nvidia-imex-ctl", commands=SERVE, target=Target.DRA,
+           schema_extra={"minLength": 0}),  # "" is a value here (no check), in the config file too
     Option("imex_control_socket", "The host IMEX daemon's command socket --imex-control-binary asks "
            "(IMEX_CMD_UNIX_DOMAIN_PATH in /etc/nvidia-imex/config.cfg, with IMEX_CMD_ENABLED=1).", kind="path",
            default="/etc/nvidia-imex/imex_ctrl.sock", commands=SERVE, target=Target.DRA),

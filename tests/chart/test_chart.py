@@ -1217,3 +1217,42 @@ def test_nrt_uninstall_runs_a_post_delete_cleanup_with_only_list_and_delete(helm
     assert role["rules"] == [{"apiGroups": ["topology.node.k8s.io"], "resources": ["noderesourcetopologies"],
                               "verbs": ["list", "delete"]}]
     assert job["spec"]["template"]["spec"]["serviceAccountName"] == f"{RELEASE}-topo-device-plugin-nrt-cleanup"
+
+
+# ---- dra.imexHost: the host's IMEX control program and socket for the readiness check --------------------------
+
+IMEX_DRA = {"dra": {"resources": ["nvidia.com/gpu"]}, "config": {"flags": {"draImexChannels": 2}}}
+
+
+def _imex_mounts(r: Rendered) -> tuple[dict[str, Any], dict[str, Any]]:
+    volumes = {v["name"]: v.get("hostPath") for v in r.pod_spec["volumes"]}
+    mounts = {m["name"]: m for m in r.container["volumeMounts"]}
+    return ({k: v for k, v in volumes.items() if k.startswith("imex-")},
+            {k: v for k, v in mounts.items() if k.startswith("imex-")})
+
+
+def test_imex_channels_on_a_real_node_mount_the_hosts_control_program_and_socket(helm, tmp_path):
+    """Our image has no nvidia-imex-ctl and NVIDIA's runtime injects none: without the host's, every channel's
+    prepare would fail its readiness check. A missing program or socket directory fails the pod's start."""
+    r = render(helm, tmp_path, IMEX_DRA)
+    volumes, mounts = _imex_mounts(r)
+    assert volumes == {"imex-ctl": {"path": "/usr/bin/nvidia-imex-ctl", "type": "File"},
+                       "imex-socket": {"path": "/etc/nvidia-imex", "type": "Directory"}}
+    assert mounts["imex-ctl"]["mountPath"] == "/host/imex/nvidia-imex-ctl" and mounts["imex-ctl"]["readOnly"]
+    # The socket at the daemon's default --imex-control-socket path (/etc/nvidia-imex/imex_ctrl.sock).
+    assert mounts["imex-socket"]["mountPath"] == "/etc/nvidia-imex" and mounts["imex-socket"]["readOnly"]
+    assert "--imex-control-binary=/host/imex/nvidia-imex-ctl" in r.container["args"]
+
+
+@pytest.mark.parametrize("extra", [
+    {"simulate": "dgx-h100"},                                   # a simulated node: the check is off by default
+    {"dra": {"resources": ["nvidia.com/gpu"], "imexHost": {"enabled": False}}},
+    {"config": {"flags": {"draImexChannels": 2, "imexControlBinary": ""}}},          # handed out unchecked
+    {"config": {"flags": {"draImexChannels": 2, "imexControlBinary": "/opt/imex/nvidia-imex-ctl"}}},
+    {"config": {"flags": {"draImexChannels": 0}}},                                   # no channels
+])
+def test_imex_host_mounts_nothing_where_not_needed_or_chosen_by_the_operator(helm, tmp_path, extra):
+    values = {**IMEX_DRA, **extra}
+    r = render(helm, tmp_path, values)
+    assert _imex_mounts(r) == ({}, {})
+    assert not any(a.startswith("--imex-control-binary") for a in r.container["args"])

@@ -228,3 +228,15 @@ config.flags.mpsRoot set); empty otherwise. The daemon's default is NVIDIA's /ru
 {{- else if or $sharing.mps (include "topo-device-plugin.draEnabled" .) }}/run/nvidia/mps
 {{- end }}
 {{- end }}
+
+{{/*
+"true" when the pod mounts the host's IMEX control program and socket directory (dra.imexHost): DRA on,
+host-managed IMEX channels published (draImexChannels > 0), a real node (no simulate), and the program
+not chosen by the operator (config.flags.imexControlBinary, its env variable or flag).
+*/}}
+{{- define "topo-device-plugin.imexHost" -}}
+{{- $channels := (include "topo-device-plugin.option" (dict "root" . "key" "draImexChannels" "flag" "--dra-imex-channels" "default" "0") | fromJson).value }}
+{{- $binary := include "topo-device-plugin.option" (dict "root" . "key" "imexControlBinary" "flag" "--imex-control-binary" "default" "") | fromJson }}
+{{- $chosen := or (hasKey (.Values.config.flags | default dict) "imexControlBinary") (ne $binary.where "config.flags.imexControlBinary") }}
+{{- if and (include "topo-device-plugin.draEnabled" .) (gt (atoi $channels) 0) (not .Values.simulate) .Values.dra.imexHost.enabled (not $chosen) }}true{{- end }}
+{{- end }}
