@@ -340,7 +340,7 @@ class Sandbox:
                 self.ctr("containers", "delete", c, check=False)
             # containerd tells a shim to shut down once its last task is deleted, a moment later
             # (containerd 2.x asynchronously): give it that moment while containerd still runs.
-            self._wait_for_shims(10)
+            self._wait_for_shims(5)
         self.stop("containerd")
         self._stop_shims()
 
@@ -357,8 +357,9 @@ class Sandbox:
     def _stop_shims(self) -> None:
         """Shims outlive containerd by design (containers survive its restarts). Their tasks are
         deleted by now, so one still running is only waiting for a shutdown call that can no
-        longer come (seen under load with containerd 2.x): stop it by its PID, as `ctr` would have."""
-        if self._wait_for_shims(10):
+        longer come (seen under load with containerd 2.x, and on the DRA clusters' nodes, which waited here 10 s each):
+        stop it by its PID, as `ctr` would have, at once."""
+        if self._wait_for_shims(1):
             return
         shims = self._shims()
         log(f"stopping containerd shims whose containers are gone: {shims}")
